@@ -1,0 +1,265 @@
+// fiar-check — preflight for the all-reduce backend choice.
+// Prints the topology (discovered on this machine, or described with flags), which backends can run on it,
+// what fiar chooses and why; for a rejected choice, the error and its fix.
+// Exit status: 0 the choice is valid, 2 it is rejected, 1 usage error.
+#include <fiar/fiar.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int kExitValid = 0;
+constexpr int kExitUsage = 1;
+constexpr int kExitRejected = 2;
+
+constexpr const char* kUsage = R"(usage: fiar-check [options]
+
+Without topology options, fiar-check discovers this machine: one in-process rank per visible GPU.
+With any of them, it checks the topology they describe instead.
+
+topology options:
+  --nodes N              nodes in the group (default 1)
+  --gpus-per-node G      ranks per node (default 8); world size = nodes x gpus-per-node
+  --world-size W         world size, when ranks are not spread evenly (default nodes x gpus-per-node)
+  --rank R               this rank (default 0)
+  --multicast yes|no     NVLink multicast across the group (default no)
+  --fabric yes|no        fabric handles (IMEX) on every rank (default no)
+  --peer-access yes|no   ranks of a node can map each other's memory (default yes)
+  --arch sm_XY           lowest GPU architecture of the group, e.g. sm_90, sm_100 (default unknown)
+choice:
+  --backend NAME         auto, trtllm, mnnvl or nccl (default: $FIAR_ALLREDUCE_BACKEND, else auto)
+  -h, --help             this text
+
+exit status: 0 the choice is valid, 2 it is rejected, 1 usage error
+)";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+int parse_int(std::string_view flag, std::string_view text, int min) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < min) {
+    throw UsageError(std::string(flag) + " " + fiar::detail::quoted(text) + ": expected an integer >= " +
+                     std::to_string(min));
+  }
+  return v;
+}
+
+bool parse_yes_no(std::string_view flag, std::string_view text) {
+  if (text == "yes") return true;
+  if (text == "no") return false;
+  throw UsageError(std::string(flag) + " " + fiar::detail::quoted(text) + ": expected yes or no");
+}
+
+// "sm_90", "sm_90a", "sm_100f", "90" -> 90, 100; the suffix does not change the rules.
+int parse_arch(std::string_view text) {
+  std::string_view digits = text;
+  if (digits.substr(0, 3) == "sm_") digits.remove_prefix(3);
+  if (!digits.empty() && (digits.back() == 'a' || digits.back() == 'f')) digits.remove_suffix(1);
+  int v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || v < 10) {
+    throw UsageError("--arch " + fiar::detail::quoted(text) + ": expected an architecture such as sm_90 or sm_100");
+  }
+  return v;
+}
+
+struct Options {
+  std::optional<int> nodes, gpus_per_node, world_size, rank, arch;
+  std::optional<bool> multicast, fabric, peer_access;
+  std::optional<std::string> backend;
+  bool help = false;
+
+  [[nodiscard]] bool describes_topology() const {
+    return nodes || gpus_per_node || world_size || rank || arch || multicast || fabric || peer_access;
+  }
+};
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      o.help = true;
+      continue;
+    }
+    std::string value;
+    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      throw UsageError(arg.rfind("--", 0) == 0 ? arg + " needs a value" : "unexpected argument " + fiar::detail::quoted(arg));
+    }
+    if (arg == "--nodes") {
+      o.nodes = parse_int(arg, value, 1);
+    } else if (arg == "--gpus-per-node") {
+      o.gpus_per_node = parse_int(arg, value, 1);
+    } else if (arg == "--world-size") {
+      o.world_size = parse_int(arg, value, 1);
+    } else if (arg == "--rank") {
+      o.rank = parse_int(arg, value, 0);
+    } else if (arg == "--multicast") {
+      o.multicast = parse_yes_no(arg, value);
+    } else if (arg == "--fabric") {
+      o.fabric = parse_yes_no(arg, value);
+    } else if (arg == "--peer-access") {
+      o.peer_access = parse_yes_no(arg, value);
+    } else if (arg == "--arch") {
+      o.arch = parse_arch(value);
+    } else if (arg == "--backend") {
+      o.backend = value;
+    } else {
+      throw UsageError("unknown option " + fiar::detail::quoted(arg));
+    }
+  }
+  return o;
+}
+
+fiar::Topology described_topology(const Options& o) {
+  const int nodes = o.nodes.value_or(1);
+  const int per_node = o.gpus_per_node.value_or(8);
+  if (o.world_size && o.gpus_per_node && *o.world_size != nodes * per_node) {
+    throw UsageError("--world-size " + std::to_string(*o.world_size) + " contradicts --nodes " + std::to_string(nodes) +
+                     " x --gpus-per-node " + std::to_string(per_node) + "; give one or the other");
+  }
+  fiar::Topology t;
+  t.world_size = o.world_size.value_or(nodes * per_node);
+  t.rank = o.rank.value_or(0);
+  t.node_count = nodes;
+  t.multicast_supported = o.multicast.value_or(false);
+  t.fabric_handles_supported = o.fabric.value_or(false);
+  t.node_peer_access = o.peer_access.value_or(true);
+  t.arch = o.arch.value_or(0);
+  try {
+    fiar::validate_topology(t);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  return t;
+}
+
+// One in-process rank per visible GPU (a single rank without one); returns rank 0's report.
+fiar::DiscoveryReport discovered_topology() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  (void)cudaGetLastError();
+  const int ranks = devices > 0 ? devices : 1;
+  fiar::InProcessGroup group(ranks);
+  std::vector<fiar::DiscoveryReport> reports(static_cast<std::size_t>(ranks));
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        if (devices > 0) cudaSetDevice(r);
+        auto boot = group.bootstrap(r);
+        reports[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) {
+    if (!e.empty()) throw std::runtime_error(e);
+  }
+  // Notes from every rank matter (each rank explains its own device); keep rank 0's shared ones once.
+  fiar::DiscoveryReport merged = reports[0];
+  for (std::size_t r = 1; r < reports.size(); ++r) {
+    for (const auto& n : reports[r].notes) {
+      if (n.rfind("rank " + std::to_string(r), 0) == 0) merged.notes.push_back(n);
+    }
+  }
+  return merged;
+}
+
+std::string why_chosen(fiar::Backend requested, const fiar::Resolution& res, const fiar::Topology& t) {
+  if (requested != fiar::Backend::Auto) return "requested explicitly, and its rules accept this topology";
+  std::string why = "auto picks mnnvl when it can run, else trtllm when it can run, else nccl";
+  for (fiar::Backend b : {fiar::Backend::Mnnvl, fiar::Backend::Trtllm}) {
+    if (b == res.backend) break;
+    why += "; " + std::string(fiar::to_string(b)) + " cannot run: " + fiar::why_not(b, t);
+  }
+  return why;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  fiar::Backend requested = fiar::Backend::Auto;
+  std::string requested_from = "default";
+  try {
+    opt = parse_options(argc, argv);
+    if (opt.help) {
+      std::fputs(kUsage, stdout);
+      return kExitValid;
+    }
+    if (opt.backend) {
+      requested = fiar::parse_backend(*opt.backend);
+      requested_from = "--backend";
+    } else {
+      requested = fiar::backend_from_env();
+      if (requested != fiar::Backend::Auto) requested_from = fiar::backend_env_var;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fiar-check: %s\n\n%s", e.what(), kUsage);
+    return kExitUsage;
+  }
+
+  fiar::DiscoveryReport report;
+  try {
+    if (opt.describes_topology()) {
+      report.topology = described_topology(opt);
+    } else {
+      report = discovered_topology();
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "fiar-check: %s\n\n%s", e.what(), kUsage);
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fiar-check: topology discovery failed: %s\n", e.what());
+    return kExitUsage;
+  }
+  const fiar::Topology& t = report.topology;
+
+  std::printf("fiar-check %s\n", fiar::version_string);
+  std::printf("topology (%s):\n  %s\n",
+              opt.describes_topology() ? "described by flags"
+                                       : ("discovered: " + std::to_string(t.world_size) +
+                                          " in-process rank(s), one per visible GPU")
+                                             .c_str(),
+              fiar::to_string(t).c_str());
+  for (const auto& n : report.notes) std::printf("  note: %s\n", n.c_str());
+  std::printf("requested backend: %s (%s)\n", std::string(fiar::to_string(requested)).c_str(), requested_from.c_str());
+  std::printf("backends on this topology:\n");
+  for (fiar::Backend b : {fiar::Backend::Mnnvl, fiar::Backend::Trtllm, fiar::Backend::Nccl}) {
+    const std::string why = fiar::why_not(b, t);
+    std::printf("  %-7s %s\n", std::string(fiar::to_string(b)).c_str(),
+                why.empty() ? "can run" : ("cannot run: " + why).c_str());
+  }
+  try {
+    const fiar::Resolution res = fiar::resolve_backend(requested, t);
+    std::printf("choice: %s\n  why: %s\n", std::string(fiar::to_string(res.backend)).c_str(),
+                why_chosen(requested, res, t).c_str());
+    if (res.allow_trtllm_fallback) {
+      std::printf("  fallback: if multicast setup fails on this machine, trtllm is used instead (one node)\n");
+    }
+    return kExitValid;
+  } catch (const std::invalid_argument& e) {
+    std::printf("choice: REJECTED\n  %s\n", e.what());
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitRejected;
+  }
+}
