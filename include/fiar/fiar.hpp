@@ -13,3 +13,8 @@
 #include "topology.hpp"
 #include "version.hpp"
 #include "workspace.hpp"
+#include "algo/host_emulator.hpp"
+#include "algo/lamport.hpp"
+#include "platform_host.hpp"
+#include "trtllm.hpp"
+#include "platform_cuda.hpp"

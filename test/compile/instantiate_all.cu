@@ -1,9 +1,36 @@
 // Compile suite: every public template instantiated by nvcc for each configured architecture, plus the
 // constant-expression checks. Running it confirms the instantiations link and behave.
+#include <fiar/fiar.cuh>
+
 #include <cstdio>
 #include <tuple>
 
 #include "static_checks.hpp"
+
+// The CUDA side of the trtllm backend, fully instantiated for each dtype. World size is a runtime kernel
+// parameter (1 to 16), so there is one kernel per dtype x strategy (allreduce instantiates both); meson
+// passes one -gencode per entry of gpu_archs, so each kernel is built for every configured architecture.
+// These definitions also serve gxx_cuda_platform.cpp, a g++ TU that only includes <fiar/fiar.hpp>.
+template class fiar::Workspace<fiar::TrtllmPolicy, float, fiar::CudaPlatform>;
+template class fiar::Workspace<fiar::TrtllmPolicy, __half, fiar::CudaPlatform>;
+template class fiar::Workspace<fiar::TrtllmPolicy, __nv_bfloat16, fiar::CudaPlatform>;
+template fiar::Workspace<fiar::TrtllmPolicy, float, fiar::CudaPlatform>::Workspace(
+    fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
+template fiar::Workspace<fiar::TrtllmPolicy, __half, fiar::CudaPlatform>::Workspace(
+    fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
+template fiar::Workspace<fiar::TrtllmPolicy, __nv_bfloat16, fiar::CudaPlatform>::Workspace(
+    fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
+template std::vector<std::uint32_t*> fiar::CudaPlatform::allocate_shared(fiar::InProcessBootstrap&, std::size_t);
+
+// Launch shapes: one block per token up to the cap, threads a multiple of 32 covering a token (32..1024).
+static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).blocks == 1);
+static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).threads == 32);
+static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).blocks == 66);   // bf16, hidden 7168, 2 ranks per GPU
+static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).threads == 896);
+static_assert(fiar::CudaPlatform::launch_shape(5, 40, 16).threads == 64);
+static_assert(fiar::CudaPlatform::launch_shape(5, 4096, 16).threads == 1024);  // lanes loop over the rest
+
+int gxx_cuda_platform_check();  // gxx_cuda_platform.cpp
 
 namespace {
 
@@ -53,6 +80,7 @@ int main() {
   fake.node_id = "n";
   failures += fiar::discover_topology_report(boot, fake).topology.world_size == 1 ? 0 : 1;
   failures += fiar::dtype_name<float>() == "float" && fiar::dtype_name<__half>() == "half" ? 0 : 1;
+  failures += gxx_cuda_platform_check();
   std::printf("instantiate-all: %d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

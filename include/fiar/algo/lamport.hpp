@@ -1,0 +1,263 @@
+// fiar/algo/lamport.hpp — the trtllm protocols, written once against an execution context.
+// Contract: lamport_oneshot and lamport_twoshot run unchanged on the GPU (DeviceCtx) and in the host
+// emulator (HostCtx); every rank gets identical bits (fixed rank order, fp32); all state lives in the
+// workspace, so the kernels are CUDA-graph safe; every wait ends by the deadline.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../detail/convert.hpp"
+#include "../detail/hd.hpp"
+#include "../dtype.hpp"
+
+namespace fiar::inline v0_1 {
+
+/// One-shot (every rank reduces everything) or two-shot (reduce-scatter, then all-gather).
+enum class Strategy { Auto, OneShot, TwoShot };
+
+namespace algo {
+
+/// Most ranks a trtllm kernel addresses (TrtllmPolicy::max_world_size).
+inline constexpr int kMaxTrtllmRanks = 16;
+
+/// Lamport buffers that rotate: a rank is at most one call ahead of its slowest peer.
+inline constexpr int kLamportBuffers = 3;
+
+/// Protocol state of one rank, in that rank's memory, advanced only by the kernels.
+struct LamportState {
+  std::uint32_t call;            ///< calls completed; the current buffer is call % 3
+  std::uint32_t dirty_words[3];  ///< words each buffer's last call wrote (cleared two calls later)
+  std::uint32_t arrived;         ///< blocks of the running call that have finished
+  std::uint32_t reserved;
+};
+
+/// Where a kernel reports a failure; host-visible, read by Workspace::check().
+struct ErrorRecord {
+  std::uint32_t code;     ///< kErrorNone or kErrorTimeout
+  std::uint32_t missing;  ///< bit r: data sent by rank r itself never arrived
+  std::uint32_t stalled;  ///< bit r: a result rank r reduces (two-shot owner) never arrived
+  std::uint32_t call;     ///< the call (LamportState::call) that timed out
+};
+inline constexpr std::uint32_t kErrorNone = 0;
+inline constexpr std::uint32_t kErrorTimeout = 1;
+
+/// Everything one rank's kernel needs for one call.
+template <ReduceType T>
+struct LamportParams {
+  const T* in;                              ///< [num_tokens, hidden_dim], this rank's contribution
+  T* out;                                   ///< [num_tokens, hidden_dim], may equal in
+  int num_tokens;
+  int vecs_per_token;                       ///< hidden_dim * sizeof(T) / 16
+  int world_size;
+  int rank;
+  std::uint32_t* buffers[kMaxTrtllmRanks];  ///< each rank's Lamport region (3 buffers), as mapped here
+  std::size_t buffer_words;                 ///< words per Lamport buffer
+  LamportState* state;                      ///< this rank's state
+  ErrorRecord* error;                       ///< this rank's error record
+  std::uint64_t timeout_ns;                 ///< per call, from the kernel's start
+};
+
+/// Words a call of `tokens` tokens writes into one Lamport buffer.
+FIAR_HD constexpr std::size_t oneshot_words(int world, int tokens, int vecs_per_token) {
+  return static_cast<std::size_t>(world) * static_cast<std::size_t>(tokens) * static_cast<std::size_t>(vecs_per_token) *
+         detail::kWordsPerVec;
+}
+FIAR_HD constexpr int twoshot_chunk(int world, int tokens) { return (tokens + world - 1) / world; }
+FIAR_HD constexpr std::size_t twoshot_words(int world, int tokens, int vecs_per_token) {
+  const std::size_t scatter = static_cast<std::size_t>(world) * static_cast<std::size_t>(twoshot_chunk(world, tokens));
+  return (scatter + static_cast<std::size_t>(tokens)) * static_cast<std::size_t>(vecs_per_token) * detail::kWordsPerVec;
+}
+
+namespace detail_lamport {
+
+using fiar::detail::Vec16;
+
+FIAR_EXEC_CHECK_DISABLE
+template <class Ctx>
+FIAR_HD inline void record_timeout(Ctx& ctx, ErrorRecord* error, int peer, bool relayed, std::uint32_t call) {
+  ctx.fetch_or_relaxed(relayed ? &error->stalled : &error->missing, 1u << peer);
+  ctx.store_relaxed(&error->call, call);
+  ctx.store_release(&error->code, kErrorTimeout);
+}
+
+// Polls one Vec16 of this rank's buffer until no word is the sentinel, or the deadline passes. `peer` sent
+// it; `relayed` when peer only forwards a result it reduced (two-shot), so its lateness may be another's.
+FIAR_EXEC_CHECK_DISABLE
+template <class Ctx>
+FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, std::uint64_t deadline, ErrorRecord* error, int peer,
+                          bool relayed, std::uint32_t call) {
+  Vec16 v = ctx.load16(p);
+  while (fiar::detail::has_sentinel(v)) {
+    if (ctx.now_ns() > deadline) {
+      record_timeout(ctx, error, peer, relayed, call);
+      break;
+    }
+    ctx.pause();
+    v = ctx.load16(p);
+  }
+  return v;
+}
+
+// Overwrites the first `words` words of a buffer with the sentinel, spread over every lane of the grid.
+FIAR_EXEC_CHECK_DISABLE
+template <class Ctx>
+FIAR_HD inline void clear(Ctx& ctx, std::uint32_t* buffer, std::size_t words) {
+  const std::size_t stride = static_cast<std::size_t>(ctx.lanes()) * static_cast<std::size_t>(ctx.blocks()) *
+                             fiar::detail::kWordsPerVec;
+  std::size_t i = (static_cast<std::size_t>(ctx.block()) * static_cast<std::size_t>(ctx.lanes()) +
+                   static_cast<std::size_t>(ctx.lane())) *
+                  fiar::detail::kWordsPerVec;
+  for (; i < words; i += stride) ctx.store16(buffer + i, fiar::detail::sentinel_vec());
+}
+
+// Clears the previous call's buffer, then one lane per block fences at system scope: with the block
+// barrier, that orders every lane's clearing before this rank's next push, which peers must observe
+// before they write into the cleared buffer again.
+FIAR_EXEC_CHECK_DISABLE
+template <ReduceType T, class Ctx>
+FIAR_HD inline void clear_previous(Ctx& ctx, const LamportParams<T>& p, std::uint32_t call, std::size_t prev) {
+  clear(ctx, p.buffers[p.rank] + prev, ctx.load_relaxed(&p.state->dirty_words[(call + 2) % kLamportBuffers]));
+  ctx.sync();
+  if (ctx.lane() == 0) ctx.fence_system();
+}
+
+// The last block to finish publishes the next state: buffer rotation and the size to clear.
+FIAR_EXEC_CHECK_DISABLE
+template <class Ctx>
+FIAR_HD inline void finish_call(Ctx& ctx, LamportState* state, std::uint32_t call, std::uint32_t used_words) {
+  ctx.sync();
+  if (ctx.lane() == 0) {
+    const std::uint32_t before = ctx.fetch_add_acq_rel(&state->arrived, 1u);
+    if (before + 1 == static_cast<std::uint32_t>(ctx.blocks())) {
+      ctx.store_relaxed(&state->dirty_words[call % kLamportBuffers], used_words);
+      ctx.store_relaxed(&state->arrived, 0u);
+      ctx.store_release(&state->call, call + 1);
+    }
+  }
+}
+
+template <ReduceType T>
+FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
+  const Vec16* row = reinterpret_cast<const Vec16*>(p.in) + static_cast<std::size_t>(token) * p.vecs_per_token;
+  return fiar::detail::sanitize<sizeof(T)>(row[vec]);
+}
+
+template <ReduceType T>
+FIAR_HD inline void store_output(const LamportParams<T>& p, int token, int vec, const Vec16& v) {
+  Vec16* row = reinterpret_cast<Vec16*>(p.out) + static_cast<std::size_t>(token) * p.vecs_per_token;
+  row[vec] = v;
+}
+
+}  // namespace detail_lamport
+
+/// Lamport one-shot. Each rank stores its input into slot [rank] of every rank's current buffer, clears
+/// the buffer of the previous call, then polls the W slots of its own buffer and sums them in rank order
+/// in fp32. Buffer layout: [source rank][token][vector].
+FIAR_EXEC_CHECK_DISABLE
+template <ReduceType T, class Ctx>
+FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
+  using namespace detail_lamport;
+  const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
+  const std::uint32_t call = ctx.load_acquire(&p.state->call);
+  const std::size_t cur = (call % kLamportBuffers) * p.buffer_words;
+  const std::size_t prev = ((call + kLamportBuffers - 1) % kLamportBuffers) * p.buffer_words;
+  const std::size_t vecs = static_cast<std::size_t>(p.vecs_per_token);
+  auto slot = [&](int source, int token, int vec) {
+    return ((static_cast<std::size_t>(source) * p.num_tokens + token) * vecs + vec) * fiar::detail::kWordsPerVec;
+  };
+
+  // 1. Push this rank's input to every rank, starting with the next rank to spread the traffic.
+  for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
+    for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
+      const Vec16 x = load_input(p, t, v);
+      for (int i = 0; i < p.world_size; ++i) {
+        const int r = (p.rank + 1 + i) % p.world_size;
+        ctx.store16(p.buffers[r] + cur + slot(p.rank, t, v), x);
+      }
+    }
+  }
+
+  // 2. Clear what the previous call wrote into this rank's buffer; peers write it again two calls from now.
+  clear_previous(ctx, p, call, prev);
+
+  // 3. Poll and reduce in rank order: identical bits on every rank.
+  for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
+    for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
+      fiar::detail::FloatPack<T> acc{};
+      for (int r = 0; r < p.world_size; ++r) {
+        const Vec16 y = poll(ctx, p.buffers[p.rank] + cur + slot(r, t, v), deadline, p.error, r, false, call);
+        fiar::detail::unpack_add<T>(y, acc);
+      }
+      store_output(p, t, v, fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc)));
+    }
+  }
+
+  finish_call(ctx, p.state, call, static_cast<std::uint32_t>(oneshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
+}
+
+/// Lamport two-shot. Tokens are split into W contiguous chunks; rank o owns chunk o. Each rank stores its
+/// input for a token into the owner's scatter area; the owner polls its W slots, sums them in rank order
+/// in fp32 and stores the rounded result into every rank's gather area; every rank polls its gather
+/// area. Results are bit-identical to one-shot. Buffer layout: scatter [source][chunk token][vector],
+/// then gather [token][vector].
+FIAR_EXEC_CHECK_DISABLE
+template <ReduceType T, class Ctx>
+FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
+  using namespace detail_lamport;
+  const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
+  const std::uint32_t call = ctx.load_acquire(&p.state->call);
+  const std::size_t cur = (call % kLamportBuffers) * p.buffer_words;
+  const std::size_t prev = ((call + kLamportBuffers - 1) % kLamportBuffers) * p.buffer_words;
+  const std::size_t vecs = static_cast<std::size_t>(p.vecs_per_token);
+  const int chunk = twoshot_chunk(p.world_size, p.num_tokens);
+  const std::size_t gather_base = static_cast<std::size_t>(p.world_size) * chunk * vecs * fiar::detail::kWordsPerVec;
+  auto scatter_slot = [&](int source, int local_token, int vec) {
+    return ((static_cast<std::size_t>(source) * chunk + local_token) * vecs + vec) * fiar::detail::kWordsPerVec;
+  };
+  auto gather_slot = [&](int token, int vec) {
+    return gather_base + (static_cast<std::size_t>(token) * vecs + vec) * fiar::detail::kWordsPerVec;
+  };
+
+  // 1. Scatter: each token's input goes to its owner.
+  for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
+    const int owner = t / chunk;
+    for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
+      ctx.store16(p.buffers[owner] + cur + scatter_slot(p.rank, t - owner * chunk, v), load_input(p, t, v));
+    }
+  }
+
+  // 2. Clear the previous call's buffer.
+  clear_previous(ctx, p, call, prev);
+
+  // 3. Reduce the owned chunk and broadcast it.
+  const int first = p.rank * chunk;
+  const int owned = first >= p.num_tokens ? 0 : (first + chunk <= p.num_tokens ? chunk : p.num_tokens - first);
+  for (int lt = ctx.block(); lt < owned; lt += ctx.blocks()) {
+    for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
+      fiar::detail::FloatPack<T> acc{};
+      for (int r = 0; r < p.world_size; ++r) {
+        const Vec16 y = poll(ctx, p.buffers[p.rank] + cur + scatter_slot(r, lt, v), deadline, p.error, r, false, call);
+        fiar::detail::unpack_add<T>(y, acc);
+      }
+      const Vec16 sum = fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc));
+      for (int i = 0; i < p.world_size; ++i) {
+        const int r = (p.rank + 1 + i) % p.world_size;
+        ctx.store16(p.buffers[r] + cur + gather_slot(first + lt, v), sum);
+      }
+    }
+  }
+
+  // 4. Gather: every token's result arrives from its owner.
+  for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
+    const int owner = t / chunk;
+    for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
+      store_output(p, t, v, poll(ctx, p.buffers[p.rank] + cur + gather_slot(t, v), deadline, p.error, owner, true, call));
+    }
+  }
+
+  finish_call(ctx, p.state, call, static_cast<std::uint32_t>(twoshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
+}
+
+}  // namespace algo
+}  // namespace fiar::inline v0_1

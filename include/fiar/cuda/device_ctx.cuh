@@ -1,0 +1,59 @@
+// fiar/cuda/device_ctx.cuh — DeviceCtx: the execution context the algo/ kernels get on the GPU.
+// Contract: an empty struct of inline accessors over threadIdx/blockIdx, %globaltimer and 16-byte volatile
+// accesses; it holds no state, so it costs no register and no local memory (scripts/ctx-cost checks it).
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "fiar/cuda/device_ctx.cuh needs nvcc: include <fiar/fiar.hpp> in host-only translation units"
+#endif
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "../algo/memory.hpp"
+#include "../detail/hd.hpp"
+
+namespace fiar::inline v0_1::cuda_detail {
+
+/// What a kernel of algo/ sees of the GPU: the same operations HostCtx offers in the host emulator.
+/// Flag words use the system-scope atomics it inherits (also fence_system()).
+struct DeviceCtx : algo::SystemAtomics {
+  /// Position of this thread: lane in its block, block in the grid (a 1-D launch).
+  __device__ static int lane() { return static_cast<int>(threadIdx.x); }
+  __device__ static int lanes() { return static_cast<int>(blockDim.x); }
+  __device__ static int block() { return static_cast<int>(blockIdx.x); }
+  __device__ static int blocks() { return static_cast<int>(gridDim.x); }
+
+  /// Every lane of the block.
+  __device__ static void sync() { __syncthreads(); }
+
+  /// Nanoseconds of the GPU's global timer, for deadlines (only differences matter).
+  __device__ static std::uint64_t now_ns() { return cuda::ptx::get_sreg_globaltimer(); }
+
+  /// Backs off a spinning lane for a moment (a hint of about 32 ns), leaving issue slots to its warp peers.
+  __device__ static void pause() { __nanosleep(32); }
+
+  /// 16-byte load of memory another rank writes concurrently: ONE ld.volatile.global.v4 (relaxed, system
+  /// scope; each 32-bit word is single-copy atomic, which is all the Lamport protocol relies on). C++ has
+  /// no spelling for it: a volatile uint4 is read member by member, four separate loads, so this is one
+  /// of the few places fiar writes PTX itself (CCCL 3.0's cuda::ptx::ld has only weak forms).
+  __device__ static detail::Vec16 load16(const std::uint32_t* p) {
+    detail::Vec16 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(__cvta_generic_to_global(p))
+                 : "memory");
+    return v;
+  }
+
+  /// 16-byte store to memory another rank reads concurrently: ONE st.volatile.global.v4.
+  __device__ static void store16(std::uint32_t* p, const detail::Vec16& v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(__cvta_generic_to_global(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  }
+};
+
+}  // namespace fiar::inline v0_1::cuda_detail

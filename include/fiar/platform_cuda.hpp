@@ -1,0 +1,506 @@
+// fiar/platform_cuda.hpp — CudaPlatform: each rank's buffers live on its GPU and every rank maps its peers'
+// (same process: the raw pointer, with peer access; other process: CUDA IPC). Host-safe header.
+// Contract: launch<T> is defined in <fiar/cuda/kernels.cuh> (nvcc); a failed CUDA call throws fiar::cuda_error
+// after clearing the sticky error; collective failures throw on every rank alike; the destructor never throws.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "algo/lamport.hpp"
+#include "algo/memory.hpp"
+#include "bootstrap.hpp"
+#include "detail/cuda_check.hpp"
+#include "detail/cuda_probe.hpp"
+#include "dtype.hpp"
+#include "errors.hpp"
+#include "version.hpp"
+
+namespace fiar::inline v0_1 {
+
+/// How CudaPlatform launches its kernels.
+struct CudaPlatformOptions {
+  /// Most blocks of one launch; 0: the SM count divided by the number of this group's ranks on this GPU
+  /// (at least 1), so that the kernels of ranks sharing a GPU are all resident at once.
+  int max_blocks = 0;
+  /// Programmatic dependent launch on sm_90+: the kernel may start while the previous kernel of the stream
+  /// finishes, and waits for it (griddepcontrol.wait) before touching any memory.
+  bool pdl = true;
+};
+
+/// Grid and block of one launch.
+struct CudaLaunchShape {
+  int blocks;
+  int threads;
+};
+
+namespace detail {
+
+/// Which process a rank runs in. A pid alone is ambiguous: two containers on one machine can each have a
+/// process with the same pid, so the pid namespace and the kernel's boot id are part of it.
+struct ProcessIdentity {
+  std::int64_t pid = 0;
+  std::uint64_t pid_namespace = 0;
+  std::uint64_t boot = 0;
+  friend bool operator==(const ProcessIdentity&, const ProcessIdentity&) = default;
+};
+
+inline ProcessIdentity this_process() {
+  ProcessIdentity id;
+  id.pid = static_cast<std::int64_t>(::getpid());
+  struct stat ns {};
+  if (::stat("/proc/self/ns/pid", &ns) == 0) id.pid_namespace = static_cast<std::uint64_t>(ns.st_ino);
+  std::ifstream boot_id("/proc/sys/kernel/random/boot_id");
+  std::string line;
+  if (boot_id && std::getline(boot_id, line)) {
+    std::uint64_t h = 14695981039346656037ull;  // FNV-1a
+    for (unsigned char c : line) h = (h ^ c) * 1099511628211ull;
+    id.boot = h;
+  }
+  return id;
+}
+
+/// What each rank publishes about its block of shared memory (exchanged over the Bootstrap as bytes).
+struct SharedRecord {
+  ProcessIdentity process;
+  std::int32_t device;  ///< CUDA ordinal in the owner's process
+  std::int32_t status;  ///< cudaError_t of the owner's failure, 0 when none
+  std::int32_t kind;    ///< FailureKind of the owner's failure
+  std::int32_t reserved0;
+  std::uint64_t pointer;       ///< the block, as the owner's process sees it
+  std::uint32_t handle_valid;  ///< 1 when `handle` could be exported
+  std::uint32_t reserved;
+  cudaIpcMemHandle_t handle;        ///< CUDA IPC handle of the block (plain bytes)
+  std::array<char, 32> pci_bus_id;  ///< physical identity of the GPU, equal across processes
+  std::array<char, 512> error;      ///< why the owner failed ("" when it did not)
+};
+
+template <std::size_t N>
+void copy_message(std::array<char, N>& to, const std::string& from) {
+  to.fill('\0');
+  std::memcpy(to.data(), from.data(), std::min(from.size(), N - 1));
+}
+
+/// The outcome of the second (mapping) phase on one rank.
+struct MapStatus {
+  std::int32_t status;
+  std::int32_t kind;
+  std::array<char, 512> error;
+};
+
+/// What a rank's failure was, so that every rank rethrows the same exception type.
+enum FailureKind : std::int32_t { kNoFailure = 0, kCudaFailure = 1, kInvalidArgument = 2, kOtherFailure = 3 };
+
+/// Runs `step`; a failure is written into (status, kind, error) instead of thrown.
+template <class F, std::size_t N>
+void capture_failure(F&& step, std::int32_t& status, std::int32_t& kind, std::array<char, N>& error) {
+  try {
+    step();
+  } catch (const cuda_error& e) {
+    status = e.status() == 0 ? -1 : e.status();
+    kind = kCudaFailure;
+    copy_message(error, e.what());
+  } catch (const std::invalid_argument& e) {
+    status = -1;
+    kind = kInvalidArgument;
+    copy_message(error, e.what());
+  } catch (const std::exception& e) {
+    status = -1;
+    kind = kOtherFailure;
+    copy_message(error, e.what());
+  }
+}
+
+/// Throws on every rank alike when any rank failed a collective step: its own error on the failing rank,
+/// "<what> failed on rank r: ..." on the others.
+template <class Record>
+void rethrow_first_failure(const std::vector<Record>& all, int me, const char* what) {
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].kind == kNoFailure) continue;
+    std::string own(all[r].error.data());
+    if (static_cast<int>(r) != me && own.rfind("fiar: ", 0) == 0) own.erase(0, 6);
+    const std::string text = static_cast<int>(r) == me
+                                 ? own
+                                 : "fiar: " + std::string(what) + " failed on rank " + std::to_string(r) + ": " + own;
+    if (all[r].kind == kInvalidArgument) throw std::invalid_argument(text);
+    if (all[r].kind == kCudaFailure) throw cuda_error(text, all[r].status);
+    throw std::runtime_error(text);
+  }
+}
+
+}  // namespace detail
+
+/// Runs fiar's kernels on the calling thread's current CUDA device (the device current when the platform
+/// is constructed) and maps the buffers of every rank of the group.
+///
+/// Sharing memory: ranks in one process use each other's pointers directly (peer access enabled when they
+/// are on different GPUs; several ranks on one GPU is the single-GPU test mode). Ranks in other processes
+/// are mapped with CUDA IPC (cudaIpcGetMemHandle / cudaIpcOpenMemHandle). IPC was chosen for the
+/// one-process-per-GPU case because its handles are plain bytes: they travel over any Bootstrap (an NCCL
+/// communicator, MPI, a TCP store) with no Unix-socket rendezvous that can time out or be blocked by a
+/// container. cuMem VMM allocations with fabric or POSIX-fd handles arrive with the mnnvl backend, which
+/// needs them for multicast anyway.
+///
+/// Teardown: destroy the workspace on every rank only after the last call has finished on every rank
+/// (synchronize, then a barrier); a peer still running would write into freed memory.
+struct CudaPlatform {
+ public:
+  using Options = CudaPlatformOptions;
+
+  static constexpr const char* name = "cuda";
+  static constexpr bool synchronous = false;  ///< launches are asynchronous on the caller's stream
+
+  /// Binds the platform to the calling thread's current device. CUDA failures are not thrown here but by the
+  /// first collective (allocate_shared), on every rank alike, so that a rank without a usable GPU cannot
+  /// leave its peers waiting; a bad option is reported the same way.
+  explicit CudaPlatform(const Options& options = {}) : options_(options) {
+    try {
+      if (options.max_blocks < 0) {
+        throw std::invalid_argument("fiar: CudaPlatformOptions::max_blocks = " + std::to_string(options.max_blocks) +
+                                    "; allowed: 0 (automatic) or more. Fix: pass 0 or a positive block count.");
+      }
+      detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice",
+                         "that a CUDA driver is installed and a GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)");
+      const std::string on = " on device " + std::to_string(device_);
+      int major = 0, minor = 0;
+      detail::cuda_check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
+                         "cudaDeviceGetAttribute(MultiProcessorCount)" + on, "the device is healthy (nvidia-smi)");
+      detail::cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_),
+                         "cudaDeviceGetAttribute(ComputeCapabilityMajor)" + on, "the device is healthy (nvidia-smi)");
+      detail::cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_),
+                         "cudaDeviceGetAttribute(ComputeCapabilityMinor)" + on, "the device is healthy (nvidia-smi)");
+      arch_ = major * 10 + minor;
+      std::array<char, 32> bus{};
+      detail::cuda_check(cudaDeviceGetPCIBusId(bus.data(), static_cast<int>(bus.size()), device_),
+                         "cudaDeviceGetPCIBusId" + on, "the device is healthy (nvidia-smi)");
+      pci_bus_id_ = bus.data();
+      detail::cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags" + on,
+                         "the device is healthy and not out of resources");
+    } catch (const cuda_error& e) {
+      init_error_ = e.what();
+      init_status_ = e.status();
+    } catch (const std::invalid_argument& e) {
+      init_error_ = e.what();
+      init_status_ = -1;
+    }
+  }
+
+  CudaPlatform(CudaPlatform&& other) noexcept { take(other); }
+  CudaPlatform& operator=(CudaPlatform&& other) noexcept {
+    if (this != &other) {
+      release();
+      take(other);
+    }
+    return *this;
+  }
+  CudaPlatform(const CudaPlatform&) = delete;
+  CudaPlatform& operator=(const CudaPlatform&) = delete;
+  ~CudaPlatform() { release(); }
+
+  /// Collective: allocates `bytes` of device memory on this rank's GPU (zero-filled) and returns, in rank
+  /// order, where each rank's block is seen from this rank. Throws on every rank alike when any rank fails
+  /// (fiar::cuda_error naming the rank, the call and the CUDA error).
+  template <Bootstrap B>
+  std::vector<std::uint32_t*> allocate_shared(B& boot, std::size_t bytes) {
+    // Phase 1: allocate and publish.
+    detail::SharedRecord mine{};
+    mine.process = detail::this_process();
+    mine.device = device_;
+    detail::copy_message(mine.pci_bus_id, pci_bus_id_);
+    detail::capture_failure(
+        [&] {
+          require_ready();
+          detail::DeviceGuard guard(device_);
+          const std::size_t rounded = std::max<std::size_t>((bytes + 255) / 256 * 256, 256);
+          void* block = nullptr;
+          detail::cuda_check(cudaMalloc(&block, rounded),
+                             "cudaMalloc(" + std::to_string(rounded) + " bytes) on device " + std::to_string(device_),
+                             "free GPU memory (nvidia-smi); lower max_token_num or hidden_dim to shrink the workspace");
+          shared_.push_back(block);
+          detail::cuda_check(cudaMemsetAsync(block, 0, rounded, stream_), "cudaMemsetAsync (zeroing the workspace)",
+                             "the device is healthy");
+          detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (zeroing the workspace)",
+                             "the device is healthy; an earlier kernel may have faulted");
+          mine.pointer = reinterpret_cast<std::uintptr_t>(block);
+          // Only ranks in other processes need the handle; an export failure is theirs to report.
+          const cudaError_t exported = cudaIpcGetMemHandle(&mine.handle, block);
+          mine.handle_valid = exported == cudaSuccess ? 1 : 0;
+          if (exported != cudaSuccess) {
+            (void)cudaGetLastError();
+            detail::copy_message(mine.error, detail::cuda_failure_text("cudaIpcGetMemHandle", exported, ""));
+          }
+        },
+        mine.status, mine.kind, mine.error);
+    const auto all = all_gather_value(boot, mine);
+    detail::rethrow_first_failure(all, boot.rank(), "allocating the shared workspace");
+
+    // Phase 2: map every peer's block here, then agree that every rank succeeded.
+    std::vector<std::uint32_t*> peers(all.size(), nullptr);
+    detail::MapStatus status{};
+    detail::capture_failure(
+        [&] {
+          detail::DeviceGuard guard(device_);
+          for (std::size_t r = 0; r < all.size(); ++r) peers[r] = map_peer(static_cast<int>(r), all[r], mine);
+        },
+        status.status, status.kind, status.error);
+    detail::rethrow_first_failure(all_gather_value(boot, status), boot.rank(), "mapping the shared workspace");
+
+    ranks_on_gpu_ = 0;
+    for (const auto& record : all) {
+      if (std::strncmp(record.pci_bus_id.data(), mine.pci_bus_id.data(), record.pci_bus_id.size()) == 0)
+        ++ranks_on_gpu_;
+    }
+    return peers;
+  }
+
+  /// Device memory only this rank's kernels use (protocol state), zero-filled.
+  void* allocate_local(std::size_t bytes) {
+    require_ready();
+    detail::DeviceGuard guard(device_);
+    const std::size_t rounded = std::max<std::size_t>((bytes + 255) / 256 * 256, 256);
+    void* p = nullptr;
+    detail::cuda_check(cudaMalloc(&p, rounded),
+                       "cudaMalloc(" + std::to_string(rounded) + " bytes) on device " + std::to_string(device_),
+                       "free GPU memory (nvidia-smi)");
+    locals_.push_back(p);
+    detail::cuda_check(cudaMemsetAsync(p, 0, rounded, stream_), "cudaMemsetAsync (zeroing protocol state)",
+                       "the device is healthy");
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (zeroing protocol state)",
+                       "the device is healthy; an earlier kernel may have faulted");
+    return p;
+  }
+
+  /// Memory the kernels write and the host reads without synchronizing (error records), zero-filled:
+  /// mapped pinned host memory. The pointer returned works on the host and in kernels alike (unified
+  /// addressing makes the device alias equal the host pointer; that is checked).
+  void* allocate_host_visible(std::size_t bytes) {
+    require_ready();
+    detail::DeviceGuard guard(device_);
+    const std::size_t rounded = std::max<std::size_t>((bytes + 63) / 64 * 64, 64);
+    void* host = nullptr;
+    detail::cuda_check(cudaHostAlloc(&host, rounded, cudaHostAllocMapped | cudaHostAllocPortable),
+                       "cudaHostAlloc(" + std::to_string(rounded) + " bytes, mapped)",
+                       "pinned host memory is available (ulimit -l)");
+    host_.push_back(host);
+    std::memset(host, 0, rounded);
+    void* alias = nullptr;
+    detail::cuda_check(cudaHostGetDevicePointer(&alias, host, 0), "cudaHostGetDevicePointer",
+                       "the device can map host memory (cudaDevAttrCanMapHostMemory)");
+    if (alias != host) {
+      throw cuda_error("fiar: the device alias of mapped host memory (" + pointer_text(alias) +
+                           ") differs from its host address (" + pointer_text(host) +
+                           "): fiar needs unified virtual addressing (64-bit Linux, any GPU fiar supports).",
+                       static_cast<int>(cudaErrorNotSupported));
+    }
+    return host;
+  }
+
+  /// Fills this rank's own device memory with a 32-bit pattern (cuMemsetD32Async, fetched through cudart),
+  /// on the platform's stream; synchronize() waits for it.
+  void fill_words(std::uint32_t* p, std::size_t words, std::uint32_t value) {
+    require_ready();
+    using MemsetD32Async = CUresult (*)(CUdeviceptr, unsigned int, std::size_t, CUstream);
+    static const auto memset_d32 = detail::driver_entry_point<MemsetD32Async>("cuMemsetD32Async", 12000);
+    if (memset_d32 == nullptr) {
+      throw cuda_error(
+          "fiar: the CUDA driver does not provide cuMemsetD32Async (cudaGetDriverEntryPointByVersion "
+          "found nothing). Check: the driver supports CUDA 12 or newer (nvidia-smi).",
+          static_cast<int>(cudaErrorSymbolNotFound));
+    }
+    detail::DeviceGuard guard(device_);
+    const CUresult r = memset_d32(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)), value, words, stream_);
+    if (r != CUDA_SUCCESS) {
+      throw cuda_error("fiar: cuMemsetD32Async(" + std::to_string(words) + " words) on device " +
+                           std::to_string(device_) + " failed with CUresult " + std::to_string(static_cast<int>(r)) +
+                           ". Check: the pointer is this rank's device memory and the device is healthy.",
+                       static_cast<int>(r));
+    }
+  }
+
+  /// Reads a word the kernels write (host-visible memory), without synchronizing.
+  static std::uint32_t read_word(const std::uint32_t* p) { return algo::SystemAtomics::load_acquire(p); }
+
+  /// Throws std::invalid_argument unless `p` is device memory of this rank's GPU, or managed memory.
+  void check_pointer(const void* p, const char* name) const {
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    std::string what;
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      what = "not memory CUDA can classify (" + detail::describe_cuda(e) + ")";
+    } else if (a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == device_)) {
+      return;
+    } else if (a.type == cudaMemoryTypeDevice) {
+      what = "device memory of CUDA device " + std::to_string(a.device);
+    } else if (a.type == cudaMemoryTypeHost) {
+      what = "pinned host memory (cudaHostAlloc / cudaHostRegister)";
+    } else {
+      what = "host memory (not allocated by CUDA)";
+    }
+    throw std::invalid_argument("fiar: " + std::string(name) + " = " + pointer_text(p) + " is " + what +
+                                "; it must be device memory on this rank's device " + std::to_string(device_) +
+                                " (or managed memory). Fix: allocate the tensor on device " + std::to_string(device_) +
+                                " (cudaMalloc / cudaMallocAsync), or make that device current when creating the "
+                                "workspace.");
+  }
+
+  /// Launches the trtllm kernel of strategy `s` on `stream` (defined in <fiar/cuda/kernels.cuh>; a program
+  /// that uses CudaPlatform compiles at least one translation unit with nvcc that includes <fiar/fiar.cuh>).
+  /// Hidden: a shared object always launches its own kernels, never another object's instantiation.
+  template <ReduceType T>
+  [[gnu::visibility("hidden")]] void launch(Strategy s, const algo::LamportParams<T>& p, cudaStream_t stream);
+
+  /// Grid and block of a launch: one block per token up to max_blocks(), threads a multiple of 32 covering
+  /// one token's 16-byte vectors (32 to 1024).
+  [[nodiscard]] CudaLaunchShape launch_shape(int num_tokens, int vecs_per_token) const {
+    return launch_shape(num_tokens, vecs_per_token, max_blocks());
+  }
+  static constexpr CudaLaunchShape launch_shape(int num_tokens, int vecs_per_token, int max_blocks) {
+    const int threads = std::clamp((vecs_per_token + 31) / 32 * 32, 32, 1024);
+    return CudaLaunchShape{std::max(1, std::min(num_tokens, max_blocks)), threads};
+  }
+
+  /// Most blocks per launch: the option, or the SM count shared by this group's ranks on this GPU.
+  [[nodiscard]] int max_blocks() const {
+    return options_.max_blocks > 0 ? options_.max_blocks : std::max(1, sm_count_ / std::max(1, ranks_on_gpu_));
+  }
+
+  /// Waits for the platform's own work (zeroing, fills). Kernels run on the caller's streams: synchronize those.
+  void synchronize() {
+    require_ready();
+    detail::DeviceGuard guard(device_);
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (fiar platform stream)",
+                       "the device is healthy; an earlier kernel may have faulted");
+  }
+
+  [[nodiscard]] int device() const { return device_; }
+  [[nodiscard]] int sm_count() const { return sm_count_; }
+  [[nodiscard]] int arch() const { return arch_; }
+  /// Ranks of the group on this GPU (known after allocate_shared; 1 before).
+  [[nodiscard]] int ranks_on_gpu() const { return ranks_on_gpu_; }
+  /// Whether launches carry the programmatic-dependent-launch attribute.
+  [[nodiscard]] bool pdl() const { return options_.pdl && arch_ >= 90; }
+  [[nodiscard]] const Options& options() const { return options_; }
+
+ private:
+  void require_ready() const {
+    if (!init_error_.empty()) {
+      if (init_status_ < 0) throw std::invalid_argument(init_error_);
+      throw cuda_error(init_error_, init_status_);
+    }
+    if (stream_ == nullptr) throw std::logic_error("fiar: this CudaPlatform was moved from");
+  }
+
+  static std::string pointer_text(const void* p) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%p", p);
+    return buf;
+  }
+
+  // Where rank r's block is seen from this rank (the calling thread's current device is device_).
+  std::uint32_t* map_peer(int r, const detail::SharedRecord& peer, const detail::SharedRecord& mine) {
+    const std::string who =
+        "rank " + std::to_string(r) + " (device " + std::to_string(peer.device) + ", " + peer.pci_bus_id.data() + ")";
+    if (peer.process == mine.process) {
+      if (peer.device != device_) {
+        int can = 0;
+        detail::cuda_check(
+            cudaDeviceCanAccessPeer(&can, device_, peer.device),
+            "cudaDeviceCanAccessPeer(" + std::to_string(device_) + ", " + std::to_string(peer.device) + ")",
+            "both devices are visible to this process");
+        if (can == 0) {
+          throw cuda_error("fiar: device " + std::to_string(device_) + " cannot access the memory of " + who +
+                               " (no peer-to-peer path). Check: nvidia-smi topo -m shows NVLink or a P2P-capable "
+                               "PCIe path between them; otherwise use the nccl backend.",
+                           static_cast<int>(cudaErrorPeerAccessUnsupported));
+        }
+        const cudaError_t e = cudaDeviceEnablePeerAccess(peer.device, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) {
+          (void)cudaGetLastError();
+        } else {
+          detail::cuda_check(
+              e, "cudaDeviceEnablePeerAccess(" + std::to_string(peer.device) + ") on device " + std::to_string(device_),
+              "peer access between the two devices (nvidia-smi topo -m)");
+        }
+      }
+      return reinterpret_cast<std::uint32_t*>(static_cast<std::uintptr_t>(peer.pointer));
+    }
+    if (peer.handle_valid == 0) {
+      throw cuda_error(
+          "fiar: " + who + " runs in another process but could not export its workspace: " + peer.error.data(),
+          static_cast<int>(cudaErrorInvalidResourceHandle));
+    }
+    void* p = nullptr;
+    detail::cuda_check(cudaIpcOpenMemHandle(&p, peer.handle, cudaIpcMemLazyEnablePeerAccess),
+                       "cudaIpcOpenMemHandle (the workspace of " + who + ") on device " + std::to_string(device_),
+                       "the ranks run on one node, in one IPC namespace (docker --ipc=host), and the devices have a "
+                       "peer-to-peer path (nvidia-smi topo -m)");
+    ipc_opened_.push_back(p);
+    return static_cast<std::uint32_t*>(p);
+  }
+
+  void take(CudaPlatform& other) noexcept {
+    options_ = other.options_;
+    device_ = std::exchange(other.device_, -1);
+    sm_count_ = other.sm_count_;
+    arch_ = other.arch_;
+    ranks_on_gpu_ = other.ranks_on_gpu_;
+    pci_bus_id_ = std::move(other.pci_bus_id_);
+    init_error_ = std::move(other.init_error_);
+    init_status_ = other.init_status_;
+    stream_ = std::exchange(other.stream_, nullptr);
+    shared_ = std::exchange(other.shared_, {});
+    ipc_opened_ = std::exchange(other.ipc_opened_, {});
+    locals_ = std::exchange(other.locals_, {});
+    host_ = std::exchange(other.host_, {});
+  }
+
+  // Frees everything this platform owns; ignores failures (the runtime may be shutting down).
+  void release() noexcept {
+    if (device_ < 0 || (stream_ == nullptr && shared_.empty() && locals_.empty() && host_.empty())) return;
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    const bool switched = previous != device_ && cudaSetDevice(device_) == cudaSuccess;
+    if (stream_ != nullptr) {
+      (void)cudaStreamSynchronize(stream_);
+      (void)cudaStreamDestroy(stream_);
+    }
+    for (void* p : ipc_opened_) (void)cudaIpcCloseMemHandle(p);
+    for (void* p : shared_) (void)cudaFree(p);
+    for (void* p : locals_) (void)cudaFree(p);
+    for (void* p : host_) (void)cudaFreeHost(p);
+    if (switched && previous >= 0) (void)cudaSetDevice(previous);
+    (void)cudaGetLastError();
+    stream_ = nullptr;
+    ipc_opened_.clear();
+    shared_.clear();
+    locals_.clear();
+    host_.clear();
+  }
+
+  Options options_;
+  int device_ = -1;
+  int sm_count_ = 0;
+  int arch_ = 0;
+  int ranks_on_gpu_ = 1;
+  std::string pci_bus_id_;
+  std::string init_error_;
+  int init_status_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> shared_, ipc_opened_, locals_, host_;
+};
+
+}  // namespace fiar::inline v0_1

@@ -1,0 +1,146 @@
+// fiar/platform_host.hpp — HostPlatform: the ranks of a group are threads of one process and their
+// "GPU memory" is host memory; kernels run on the host emulator (algo/host_emulator.hpp).
+// Contract: every protocol runs unchanged on it; calls are synchronous; it needs no GPU and no driver.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "algo/host_emulator.hpp"
+#include "algo/lamport.hpp"
+#include "bootstrap.hpp"
+#include "dtype.hpp"
+
+namespace fiar::inline v0_1 {
+
+/// The emulated grid of every launch: keep it small, each lane is a thread.
+struct HostPlatformOptions {
+  int blocks = 2;
+  int lanes = 8;
+};
+
+/// Runs fiar's kernels on the CPU, with the ranks as threads of this process (see docs/design.md).
+class HostPlatform {
+ public:
+  using Options = HostPlatformOptions;
+
+  static constexpr const char* name = "host";
+  static constexpr bool synchronous = true;  ///< launches return when the kernel has finished
+
+  explicit HostPlatform(const Options& options = {})
+      : grid_(std::make_unique<algo::HostGrid>(options.blocks, options.lanes)) {}
+
+  /// Collective: allocates `bytes` of rank-visible memory per rank (zero-filled) and returns, in rank
+  /// order, where each rank's block is seen from this rank. All ranks must live in this process. Every
+  /// rank co-owns every block, so a rank that leaves early (or fails) cannot free memory its peers may
+  /// still write into.
+  template <Bootstrap B>
+  std::vector<std::uint32_t*> allocate_shared(B& boot, std::size_t bytes) {
+    const auto pids = all_gather_value(boot, static_cast<std::int64_t>(::getpid()));
+    for (std::size_t r = 0; r < pids.size(); ++r) {
+      if (pids[r] != pids[0]) {
+        throw std::invalid_argument("fiar: HostPlatform needs every rank in one process, but rank " + std::to_string(r) +
+                                    " runs in process " + std::to_string(pids[r]) + " and rank 0 in " +
+                                    std::to_string(pids[0]) +
+                                    ". Fix: use CudaPlatform across processes, or run the ranks as threads "
+                                    "(InProcessGroup).");
+      }
+    }
+    std::shared_ptr<std::uint32_t> mine(allocate_words(bytes).release(), FreeDeleter{});
+    const auto key = reinterpret_cast<std::uintptr_t>(mine.get());
+    {
+      std::lock_guard lock(registry_mutex());
+      registry()[key] = mine;
+    }
+    const auto addresses = all_gather_value(boot, key);
+    std::vector<std::uint32_t*> peers;
+    {
+      std::lock_guard lock(registry_mutex());
+      for (auto a : addresses) {
+        shared_.push_back(registry().at(a));
+        peers.push_back(reinterpret_cast<std::uint32_t*>(a));
+      }
+    }
+    boot.barrier();  // every rank holds every block now: drop the hand-over entry
+    {
+      std::lock_guard lock(registry_mutex());
+      registry().erase(key);
+    }
+    return peers;
+  }
+
+  /// Memory only this rank's kernels use (protocol state), zero-filled.
+  void* allocate_local(std::size_t bytes) {
+    locals_.push_back(allocate_words(bytes));
+    return locals_.back().get();
+  }
+
+  /// Memory the kernels write and the host reads without synchronizing (error records), zero-filled.
+  void* allocate_host_visible(std::size_t bytes) { return allocate_local(bytes); }
+
+  /// Fills this rank's own memory with a 32-bit pattern.
+  void fill_words(std::uint32_t* p, std::size_t words, std::uint32_t value) {
+    for (std::size_t i = 0; i < words; ++i) algo::SystemAtomics::store_relaxed(p + i, value);
+  }
+
+  /// Reads a word the kernels write (host-visible memory).
+  static std::uint32_t read_word(const std::uint32_t* p) { return algo::SystemAtomics::load_acquire(p); }
+
+  /// Checks a caller's data pointer: host memory is all this platform can use, so nothing to check.
+  void check_pointer(const void*, const char*) const {}
+
+  template <ReduceType T>
+  void launch(Strategy s, const algo::LamportParams<T>& p, cudaStream_t) {
+    if (s == Strategy::TwoShot) {
+      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_twoshot<T>(ctx, p); });
+    } else {
+      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_oneshot<T>(ctx, p); });
+    }
+  }
+
+  /// Launches are synchronous here.
+  void synchronize() {}
+
+  [[nodiscard]] const algo::HostGrid& grid() const { return *grid_; }
+
+ private:
+  struct FreeDeleter {
+    void operator()(std::uint32_t* p) const { std::free(p); }
+  };
+  using Block = std::unique_ptr<std::uint32_t, FreeDeleter>;
+
+  static Block allocate_words(std::size_t bytes) {
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0, rounded == 0 ? 64 : rounded);
+    return Block(static_cast<std::uint32_t*>(p));
+  }
+
+  // Blocks being handed over between the ranks of a group during allocate_shared.
+  static std::mutex& registry_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::unordered_map<std::uintptr_t, std::shared_ptr<std::uint32_t>>& registry() {
+    static std::unordered_map<std::uintptr_t, std::shared_ptr<std::uint32_t>> r;
+    return r;
+  }
+
+  std::unique_ptr<algo::HostGrid> grid_;
+  std::vector<std::shared_ptr<std::uint32_t>> shared_;  // every rank's block, co-owned
+  std::vector<Block> locals_;
+};
+
+}  // namespace fiar::inline v0_1

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""fiar-demo on the host emulator: results verified, exit status 0 / 1 / 2 as documented."""
+import os
+import re
+import subprocess
+import sys
+
+EXE = sys.argv[1]
+HOST = ["--platform", "host"]
+SMALL = ["--tokens", "5", "--hidden", "64", "--iterations", "3"]
+
+CASES = [
+    (HOST, 0, [r"platform host", r"backend: trtllm \(auto\)", r"fiar-demo: PASS: 4 rank\(s\) x 10 iteration\(s\)",
+               r"ranks bit-identical"]),
+    (["--help"], 0, [r"usage: fiar-demo"]),
+    # Auto chose mnnvl (one node, multicast) and may fall back to trtllm, which this version runs.
+    (HOST + SMALL + ["--multicast", "yes"], 0, [r"falling back to trtllm", r"PASS"]),
+    (HOST + SMALL + ["--arch", "sm_100", "--world-size", "3"], 0, [r"arch sm_100", r"PASS: 3 rank"]),
+    # Rejected configurations: nothing runs, exit 2, the reason on stderr.
+    (HOST + SMALL + ["--nodes", "2", "--world-size", "8", "--backend", "trtllm"], 2,
+     [r"REJECTED", r"'trtllm' cannot run on a group that spans 2 nodes", r"Fix: use 'nccl'"]),
+    (HOST + SMALL + ["--backend", "mnnvl"], 2, [r"needs NVLink multicast"]),
+    (HOST + SMALL + ["--nodes", "2"], 2, [r"backend: nccl", r"not available in fiar"]),
+    (HOST + SMALL + ["--world-size", "17", "--backend", "trtllm"], 2, [r"does not support world_size 17"]),
+    (HOST + ["--dtype", "half", "--hidden", "12", "--tokens", "2"], 2, [r"hidden_dim = 12 for half"]),
+    (HOST + ["--tokens", "0"], 2, [r"--tokens '0': expected an integer >= 1"]),
+    (HOST + ["--dtype", "fp8"], 2, [r"expected one of float, half, bf16"]),
+    (HOST + ["--pattern", "residual_rmsnorm"], 2, [r"expected one of allreduce"]),
+]
+# Every dtype x strategy x several world sizes, verified against the reference.
+for dtype in ("float", "half", "bf16"):
+    for strategy in ("oneshot", "twoshot", "auto"):
+        for world in ("2", "6"):
+            CASES.append((HOST + SMALL + ["--dtype", dtype, "--strategy", strategy, "--world-size", world], 0,
+                          [r"fiar-demo: PASS", r"strategy %s" % strategy]))
+
+
+def main() -> int:
+    failures = 0
+    env = {k: v for k, v in os.environ.items() if k != "FIAR_ALLREDUCE_BACKEND"}
+    for args, want, patterns in CASES:
+        p = subprocess.run([EXE] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=300)
+        problems = [] if p.returncode == want else [f"exit status {p.returncode}, expected {want}"]
+        problems += [f"no match for /{pat}/" for pat in patterns if not re.search(pat, p.stdout)]
+        if problems:
+            failures += 1
+            print(f"FAIL: fiar-demo {' '.join(args)}: {'; '.join(problems)}\n{p.stdout}")
+        else:
+            print(f"ok: fiar-demo {' '.join(args)} -> {p.returncode}")
+    print(f"{len(CASES) - failures} of {len(CASES)} fiar-demo cases passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
