@@ -227,15 +227,23 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
   if (platform == "cuda") {
     fiar::InProcessGroup probe_group(world);
     std::vector<fiar::DiscoveryReport> reports(static_cast<std::size_t>(world));
+    std::vector<std::string> failures(static_cast<std::size_t>(world));
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
-        cudaSetDevice(r % gpus);
-        auto boot = probe_group.bootstrap(r);
-        reports[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot);
+        try {
+          (void)cudaSetDevice(r % gpus);
+          auto boot = probe_group.bootstrap(r);
+          reports[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot);
+        } catch (const std::exception& e) {
+          failures[static_cast<std::size_t>(r)] = e.what();
+        }
       });
     }
     for (auto& t : threads) t.join();
+    for (const auto& f : failures) {
+      if (!f.empty()) throw std::runtime_error("topology discovery failed: " + f);
+    }
     topo = reports[0].topology;
     notes = reports[0].notes;
   }
@@ -267,10 +275,13 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
       backend = fiar::Backend::Trtllm;
     } else {
       std::printf("backend: %s (%s)\n", std::string(fiar::to_string(backend)).c_str(), why.c_str());
-      std::fprintf(stderr,
-                   "fiar-demo: the %s backend is not available in fiar %s yet (this version runs trtllm). Fix: use a "
-                   "topology trtllm can run on (one node, peer access), or --backend trtllm.\n",
-                   std::string(fiar::to_string(backend)).c_str(), fiar::version_string);
+      const bool trtllm_possible = fiar::can_run_on(fiar::Backend::Trtllm, topo);
+      std::fprintf(stderr, "fiar-demo: the %s backend is not available in fiar %s yet (this version runs trtllm). %s\n",
+                   std::string(fiar::to_string(backend)).c_str(), fiar::version_string,
+                   trtllm_possible ? "Fix: pass --backend trtllm, which can run on this topology."
+                                   : ("Fix: demonstrate on a topology trtllm can run on (one node, peer access, at most "
+                                      "16 ranks); here trtllm cannot run: " + fiar::why_not(fiar::Backend::Trtllm, topo) + ".")
+                                         .c_str());
       return kExitRejected;
     }
   } else {
@@ -304,14 +315,19 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
           };
           out = run_rank<T, fiar::HostPlatform>(boot, mine, o, fiar::HostPlatformOptions{}, buffers);
         } else {
-          if (cudaSetDevice(r % gpus) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+          if (const cudaError_t e = cudaSetDevice(r % gpus); e != cudaSuccess) {
+            throw std::runtime_error("fiar-demo: cudaSetDevice(" + std::to_string(r % gpus) + ") on rank " +
+                                     std::to_string(r) + ": " + fiar::detail::describe_cuda(e));
+          }
           T* d_in = nullptr;
           T* d_out = nullptr;
           cudaStream_t stream = nullptr;
           const std::size_t bytes = static_cast<std::size_t>(o.tokens) * o.hidden * sizeof(T);
           if (cudaMalloc(&d_in, bytes) != cudaSuccess || cudaMalloc(&d_out, bytes) != cudaSuccess ||
               cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-            throw std::runtime_error("fiar-demo: cudaMalloc / cudaStreamCreate failed on rank " + std::to_string(r));
+            const cudaError_t e = cudaGetLastError();
+            throw std::runtime_error("fiar-demo: cudaMalloc / cudaStreamCreate failed on rank " + std::to_string(r) +
+                                     ": " + fiar::detail::describe_cuda(e) + ". Check free GPU memory (nvidia-smi).");
           }
           auto buffers = [&](std::size_t) {
             return std::make_tuple(

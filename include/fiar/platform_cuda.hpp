@@ -334,7 +334,19 @@ struct CudaPlatform {
   static std::uint32_t read_word(const std::uint32_t* p) { return algo::SystemAtomics::load_acquire(p); }
 
   /// Throws std::invalid_argument unless `p` is device memory of this rank's GPU, or managed memory.
+  /// The last few accepted pointers are remembered, so the steady state of an inference loop (the same
+  /// activation buffers every step) costs no driver call per all-reduce.
   void check_pointer(const void* p, const char* name) const {
+    for (const void* known : accepted_) {
+      if (known == p) return;
+    }
+    check_pointer_uncached(p, name);
+    accepted_[next_accepted_] = p;
+    next_accepted_ = (next_accepted_ + 1) % accepted_.size();
+  }
+
+ private:
+  void check_pointer_uncached(const void* p, const char* name) const {
     cudaPointerAttributes a{};
     const cudaError_t e = cudaPointerGetAttributes(&a, p);
     std::string what;
@@ -357,6 +369,11 @@ struct CudaPlatform {
                                 "workspace.");
   }
 
+  // Pointers check_pointer accepted (a small ring; nullptr never matches a checked pointer).
+  mutable std::array<const void*, 8> accepted_{};
+  mutable std::size_t next_accepted_ = 0;
+
+ public:
   /// Launches the trtllm kernel of strategy `s` on `stream` (defined in <fiar/cuda/kernels.cuh>; a program
   /// that uses CudaPlatform compiles at least one translation unit with nvcc that includes <fiar/fiar.cuh>).
   /// Hidden: a shared object always launches its own kernels, never another object's instantiation.
@@ -466,6 +483,8 @@ struct CudaPlatform {
     ipc_opened_ = std::exchange(other.ipc_opened_, {});
     locals_ = std::exchange(other.locals_, {});
     host_ = std::exchange(other.host_, {});
+    accepted_ = std::exchange(other.accepted_, {});
+    next_accepted_ = other.next_accepted_;
   }
 
   // Frees everything this platform owns; ignores failures (the runtime may be shutting down).

@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -38,8 +40,15 @@ class HostPlatform {
   static constexpr const char* name = "host";
   static constexpr bool synchronous = true;  ///< launches return when the kernel has finished
 
-  explicit HostPlatform(const Options& options = {})
-      : grid_(std::make_unique<algo::HostGrid>(options.blocks, options.lanes)) {}
+  /// A bad grid is reported by the first collective (allocate_shared) on every rank alike, so that one
+  /// rank's mistake cannot leave its peers waiting.
+  explicit HostPlatform(const Options& options = {}) {
+    try {
+      grid_ = std::make_unique<algo::HostGrid>(options.blocks, options.lanes);
+    } catch (const std::invalid_argument& e) {
+      init_error_ = e.what();
+    }
+  }
 
   /// Collective: allocates `bytes` of rank-visible memory per rank (zero-filled) and returns, in rank
   /// order, where each rank's block is seen from this rank. All ranks must live in this process. Every
@@ -47,12 +56,24 @@ class HostPlatform {
   /// still write into.
   template <Bootstrap B>
   std::vector<std::uint32_t*> allocate_shared(B& boot, std::size_t bytes) {
-    const auto pids = all_gather_value(boot, static_cast<std::int64_t>(::getpid()));
-    for (std::size_t r = 0; r < pids.size(); ++r) {
-      if (pids[r] != pids[0]) {
+    struct Hello {
+      std::int64_t pid;
+      std::array<char, 384> error;
+    };
+    Hello hello{::getpid(), {}};
+    std::memcpy(hello.error.data(), init_error_.data(), std::min(init_error_.size(), hello.error.size() - 1));
+    const auto hellos = all_gather_value(boot, hello);
+    for (std::size_t r = 0; r < hellos.size(); ++r) {
+      if (hellos[r].error[0] != '\0') {
+        std::string what(hellos[r].error.data());
+        if (static_cast<int>(r) == boot.rank()) throw std::invalid_argument(what);
+        throw std::invalid_argument("fiar: HostPlatform setup failed on rank " + std::to_string(r) + ": " +
+                                    what.substr(what.rfind("fiar: ", 0) == 0 ? 6 : 0));
+      }
+      if (hellos[r].pid != hellos[0].pid) {
         throw std::invalid_argument("fiar: HostPlatform needs every rank in one process, but rank " + std::to_string(r) +
-                                    " runs in process " + std::to_string(pids[r]) + " and rank 0 in " +
-                                    std::to_string(pids[0]) +
+                                    " runs in process " + std::to_string(hellos[r].pid) + " and rank 0 in " +
+                                    std::to_string(hellos[0].pid) +
                                     ". Fix: use CudaPlatform across processes, or run the ranks as threads "
                                     "(InProcessGroup).");
       }
@@ -139,6 +160,7 @@ class HostPlatform {
   }
 
   std::unique_ptr<algo::HostGrid> grid_;
+  std::string init_error_;
   std::vector<std::shared_ptr<std::uint32_t>> shared_;  // every rank's block, co-owned
   std::vector<Block> locals_;
 };

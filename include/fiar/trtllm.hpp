@@ -105,11 +105,11 @@ void agree_on_creation(B& boot, CreationRecord mine, const std::string& local_er
   const auto all = all_gather_value(boot, mine);
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r].error[0] != '\0') {
-      const std::string what(all[r].error.data());
-      throw std::invalid_argument(static_cast<int>(r) == boot.rank()
-                                      ? what
-                                      : "fiar: workspace creation failed because rank " + std::to_string(r) +
-                                            " rejected it: " + what);
+      std::string what(all[r].error.data());
+      if (static_cast<int>(r) == boot.rank()) throw std::invalid_argument(what);
+      if (what.rfind("fiar: ", 0) == 0) what.erase(0, 6);
+      throw std::invalid_argument("fiar: workspace creation failed because rank " + std::to_string(r) +
+                                  " rejected it: " + what);
     }
   }
   for (std::size_t r = 1; r < all.size(); ++r) {
@@ -297,18 +297,20 @@ class Workspace<TrtllmPolicy, T, Platform> {
   /// Throws fiar::timeout_error if a kernel of this workspace gave up waiting (then every later call throws
   /// too: the protocol state is lost; recreate the workspace on every rank).
   void check() const {
-    if (error_ == nullptr) throw std::logic_error("fiar: this workspace was moved from");
+    if (error_ == nullptr) {
+      throw std::logic_error("fiar: this workspace was moved from. Fix: call the workspace it was moved to.");
+    }
     if (Platform::read_word(&error_->code) == algo::kErrorNone) return;
     const std::uint32_t missing = Platform::read_word(&error_->missing);
     const std::uint32_t stalled = Platform::read_word(&error_->stalled);
     std::string waited = missing != 0 ? "waiting for data from rank(s) " + detail::rank_mask_text(missing)
                                       : "waiting for results reduced by rank(s) " + detail::rank_mask_text(stalled) +
-                                            " (which were themselves waiting for another rank)";
+                                            " (two-shot owners: one of them, or a rank they wait for, is missing)";
     throw timeout_error("fiar: trtllm all-reduce on rank " + std::to_string(topo_.rank) + " gave up after " +
                         std::to_string(cfg_.timeout.count()) + " ms " + waited + " (call " +
                         std::to_string(Platform::read_word(&error_->call)) +
-                        "): a rank crashed, hung, or launched a different sequence of collectives. The "
-                        "workspace is unusable; recreate it on every rank.");
+                        "): a rank crashed, hung, or launched a different sequence of collectives. Fix: find "
+                        "that rank's failure; the workspace is unusable now, so recreate it on every rank.");
   }
 
  private:

@@ -406,7 +406,20 @@ TEST_CASE("creation: ranks with different configurations all throw, naming both"
     HostWorkspace<float> ws(boot, one_node(3, rank), {.max_token_num = 8, .hidden_dim = rank == 1 ? 30 : 32});
   });
   CHECK(one_bad[1].find("hidden_dim = 30 for float") != std::string::npos);
-  CHECK(one_bad[0].find("rank 1 rejected it: fiar: WorkspaceConfig::hidden_dim = 30") != std::string::npos);
+  CHECK(one_bad[0].find("rank 1 rejected it: WorkspaceConfig::hidden_dim = 30") != std::string::npos);
+}
+
+TEST_CASE("creation: a bad emulator grid on one rank makes every rank throw, none waits", "[trtllm]") {
+  auto errors = run_ranks(
+      3,
+      [](int rank, fiar::InProcessBootstrap& boot) {
+        HostWorkspace<float> ws(boot, one_node(3, rank), {.max_token_num = 2, .hidden_dim = 4},
+                                fiar::HostPlatformOptions{.blocks = rank == 1 ? 0 : 2, .lanes = 4});
+      },
+      20s);
+  CHECK(errors[1].find("host emulator grid of 0 blocks x 4 lanes") != std::string::npos);
+  CHECK(errors[0].find("HostPlatform setup failed on rank 1: host emulator grid of 0 blocks") != std::string::npos);
+  CHECK(errors[2].find("HostPlatform setup failed on rank 1") != std::string::npos);
 }
 
 TEST_CASE("strategy table and capacity", "[trtllm]") {
