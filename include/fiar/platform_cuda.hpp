@@ -377,7 +377,7 @@ struct CudaPlatform {
   /// Launches the trtllm kernel of strategy `s` on `stream` (defined in <fiar/cuda/kernels.cuh>; a program
   /// that uses CudaPlatform compiles at least one translation unit with nvcc that includes <fiar/fiar.cuh>).
   /// Hidden: a shared object always launches its own kernels, never another object's instantiation.
-  template <ReduceType T>
+  template <Pattern P, ReduceType T>
   [[gnu::visibility("hidden")]] void launch(Strategy s, const algo::LamportParams<T>& p, cudaStream_t stream);
 
   /// Grid and block of a launch: one block per token up to max_blocks(), threads a multiple of 32 covering

@@ -121,14 +121,17 @@ class HostPlatform {
   /// Checks a caller's data pointer: host memory is all this platform can use, so nothing to check.
   void check_pointer(const void*, const char*) const {}
 
-  template <ReduceType T>
+  template <Pattern P, ReduceType T>
   void launch(Strategy s, const algo::LamportParams<T>& p, cudaStream_t) {
     if (s == Strategy::TwoShot) {
-      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_twoshot<T>(ctx, p); });
+      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_twoshot<P, T>(ctx, p); });
     } else {
-      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_oneshot<T>(ctx, p); });
+      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_oneshot<P, T>(ctx, p); });
     }
   }
+
+  /// The architecture this platform runs kernels for: 0, the host emulator follows the topology's.
+  static constexpr int arch() { return 0; }
 
   /// Launches are synchronous here.
   void synchronize() {}

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <limits>
@@ -271,13 +272,25 @@ class Workspace<TrtllmPolicy, T, Platform> {
   /// every rank calls it with the same num_tokens and strategy, in the same order. Everything is validated
   /// before anything is launched; std::invalid_argument names the bad value and the limit.
   void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
+    FusedArgs<T> a;
+    a.in = in;
+    a.out = out;
+    a.num_tokens = num_tokens;
+    run<Pattern::AllReduce>(a, stream, strategy);
+  }
+
+  /// All-reduce fused with the pattern's epilogue (residual add, RMSNorm, FP8 / NVFP4 quantization).
+  /// Collective like allreduce(); `a` is checked against the pattern before anything is launched.
+  template <Pattern P>
+  void run(const FusedArgs<T>& a, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
     check();
-    validate_call(in, out, num_tokens, strategy);
-    const Strategy s = strategy == Strategy::Auto ? strategy_for(num_tokens) : strategy;
+    validate_call(a.in, a.out, a.num_tokens, strategy, P);
+    validate_fused<P>(a);
+    const Strategy s = strategy == Strategy::Auto ? strategy_for(a.num_tokens) : strategy;
     algo::LamportParams<T> p{};
-    p.in = in;
-    p.out = out;
-    p.num_tokens = num_tokens;
+    p.in = a.in;
+    p.out = a.out;
+    p.num_tokens = a.num_tokens;
     p.vecs_per_token = vecs_per_token(cfg_.hidden_dim);
     p.world_size = topo_.world_size;
     p.rank = topo_.rank;
@@ -286,10 +299,24 @@ class Workspace<TrtllmPolicy, T, Platform> {
     p.state = state_;
     p.error = error_;
     p.timeout_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.timeout).count());
-    platform_.template launch<T>(s, p, stream);
+    p.epi = algo::EpilogueParams<T>{a.residual_in,
+                                    a.residual_out,
+                                    a.gamma,
+                                    a.norm_out,
+                                    static_cast<std::uint8_t*>(a.quant_out),
+                                    a.scale,
+                                    a.scale_out,
+                                    static_cast<std::uint8_t*>(a.block_scale_out),
+                                    a.eps,
+                                    a.weight_bias,
+                                    a.layout};
+    platform_.template launch<P, T>(s, p, stream);
     last_strategy_ = s;
     check_if_synchronous();
   }
+
+  /// The architecture the kernels run on: the GPU's on CudaPlatform, the topology's on the host emulator.
+  [[nodiscard]] int arch() const { return platform_.arch() != 0 ? platform_.arch() : topo_.arch; }
 
   /// The strategy the last call ran.
   [[nodiscard]] Strategy last_strategy() const { return last_strategy_; }
@@ -349,9 +376,9 @@ class Workspace<TrtllmPolicy, T, Platform> {
                                   : algo::oneshot_words(topo_.world_size, num_tokens, vecs);
   }
 
-  void validate_call(const T* in, T* out, int num_tokens, Strategy strategy) const {
-    const std::string where = "fiar: allreduce on rank " + std::to_string(topo_.rank) + ": ";
-    if (in == nullptr || out == nullptr) {
+  void validate_call(const T* in, T* out, int num_tokens, Strategy strategy, Pattern pattern) const {
+    const std::string where = "fiar: " + std::string(to_string(pattern)) + " on rank " + std::to_string(topo_.rank) + ": ";
+    if (in == nullptr || (pattern == Pattern::AllReduce && out == nullptr)) {
       throw std::invalid_argument(where + (in == nullptr ? "in" : "out") +
                                   " is a null pointer. Fix: pass [num_tokens, hidden_dim] buffers.");
     }
@@ -360,28 +387,118 @@ class Workspace<TrtllmPolicy, T, Platform> {
                                   "; allowed: 1 to max_token_num = " + std::to_string(cfg_.max_token_num) +
                                   ". Fix: split the call, or create the workspace with a larger max_token_num.");
     }
-    for (const auto& [ptr, name] : {std::pair<const void*, const char*>{in, "in"}, {out, "out"}}) {
-      if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0) {
-        throw std::invalid_argument(where + name + " = " + pointer_text(ptr) +
-                                    " is not 16-byte aligned. Fix: allocate with cudaMalloc or align the tensor "
-                                    "to 16 bytes.");
-      }
-      platform_.check_pointer(ptr, name);
-    }
-    const std::size_t bytes = static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cfg_.hidden_dim) * sizeof(T);
-    const auto a = reinterpret_cast<std::uintptr_t>(in);
-    const auto b = reinterpret_cast<std::uintptr_t>(out);
-    if (a != b && a < b + bytes && b < a + bytes) {
-      throw std::invalid_argument(where + "in (" + pointer_text(in) + ") and out (" + pointer_text(out) + ") overlap by " +
-                                  std::to_string(a < b ? a + bytes - b : b + bytes - a) +
-                                  " bytes. Fix: pass the same pointer (in place) or disjoint buffers.");
-    }
     if (strategy != Strategy::Auto && !is_buffer_size_sufficient(num_tokens, strategy)) {
       throw std::invalid_argument(where + std::string(to_string(strategy)) + " with num_tokens = " +
                                   std::to_string(num_tokens) + " needs " +
                                   std::to_string(words_for(strategy, num_tokens) * 4) +
                                   " bytes per Lamport buffer; this workspace has " + std::to_string(buffer_words_ * 4) +
                                   ". Fix: use Strategy::Auto, or create the workspace with oneshot_at_max_tokens.");
+    }
+  }
+
+  // One tensor of a call: its name, address, bytes, alignment, and whether it is written.
+  struct Tensor {
+    const char* name;
+    const void* ptr;
+    std::size_t bytes;
+    std::size_t align;
+    bool output;
+  };
+
+  template <Pattern P>
+  void validate_fused(const FusedArgs<T>& a) const {
+    const std::string where = "fiar: " + std::string(to_string(P)) + " on rank " + std::to_string(topo_.rank) + ": ";
+    const std::size_t rows = static_cast<std::size_t>(a.num_tokens);
+    const std::size_t hidden = static_cast<std::size_t>(cfg_.hidden_dim);
+    const std::size_t act = rows * hidden * sizeof(T);
+    constexpr bool norm = P != Pattern::AllReduce;
+    constexpr bool fp8 = P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic;
+    constexpr bool nvfp4 = P == Pattern::ResidualRmsNormNvfp4;
+    if constexpr (nvfp4) {
+      if (sizeof(T) != 2) {
+        throw std::invalid_argument(where + "the input is float; NVFP4 takes 16-bit input (half or bf16). Fix: "
+                                    "run the all-reduce in half or bf16, or use residual_rmsnorm_fp8.");
+      }
+      if (arch() < 100) {
+        throw std::invalid_argument(where + "NVFP4 needs sm_100 or newer, and this workspace runs on " +
+                                    arch_name(arch()) +
+                                    ". Fix: use residual_rmsnorm_fp8 or _fp8_dynamic on this GPU (on the host "
+                                    "emulator, set Topology::arch to 100 to emulate Blackwell).");
+      }
+      if (cfg_.hidden_dim % algo::kNvfp4Block != 0) {
+        throw std::invalid_argument(where + "hidden_dim = " + std::to_string(cfg_.hidden_dim) +
+                                    "; NVFP4 needs a multiple of 16 (one e4m3 scale per 16 elements). Fix: pad "
+                                    "the hidden dimension to a multiple of 16.");
+      }
+    }
+    if constexpr (norm) {
+      if (!(a.eps >= 0.0f) || !std::isfinite(a.eps) || !std::isfinite(a.weight_bias)) {
+        throw std::invalid_argument(where + "eps = " + std::to_string(a.eps) + ", weight_bias = " +
+                                    std::to_string(a.weight_bias) +
+                                    "; allowed: a finite eps >= 0 and a finite weight_bias. Fix: pass the model's "
+                                    "RMSNorm epsilon and 0 (or 1 for (1 + gamma) norms).");
+      }
+    }
+    // Every tensor: required by the pattern (must be set) or unused (an output must then be null).
+    const std::size_t quant_bytes = nvfp4 ? rows * hidden / 2 : rows * hidden;
+    const Tensor tensors[] = {
+        {"in", a.in, act, 16, false},
+        {"out", a.out, act, 16, true},
+        {"residual_in", a.residual_in, act, 16, false},
+        {"residual_out", a.residual_out, act, 16, true},
+        {"gamma", a.gamma, hidden * sizeof(T), 16, false},
+        {"norm_out", a.norm_out, act, 16, true},
+        {"quant_out", a.quant_out, quant_bytes, 16, true},
+        {"scale", a.scale, sizeof(float), alignof(float), false},
+        {"scale_out", a.scale_out, rows * sizeof(float), alignof(float), true},
+        {"block_scale_out", a.block_scale_out, algo::nvfp4_scale_bytes(a.num_tokens, cfg_.hidden_dim, a.layout), 1, true},
+    };
+    auto used = [&](std::string_view name) -> int {  // 2 required, 1 optional, 0 unused
+      if (name == "in") return 2;
+      if (name == "out") return P == Pattern::AllReduce ? 2 : 0;
+      if (name == "residual_in" || name == "residual_out" || name == "gamma") return norm ? 2 : 0;
+      if (name == "norm_out") return P == Pattern::ResidualRmsNorm ? 2 : (norm ? 1 : 0);
+      if (name == "quant_out") return fp8 || nvfp4 ? 2 : 0;
+      if (name == "scale") return P == Pattern::ResidualRmsNormFp8 || nvfp4 ? 2 : 0;
+      if (name == "scale_out") return P == Pattern::ResidualRmsNormFp8Dynamic ? 2 : 0;
+      return nvfp4 ? 2 : 0;  // block_scale_out
+    };
+    for (const Tensor& t : tensors) {
+      const int u = used(t.name);
+      if (u == 2 && t.ptr == nullptr) {
+        throw std::invalid_argument(where + t.name + " is a null pointer; " + to_string(P) + " needs it. Fix: pass it.");
+      }
+      if (u == 0 && t.output && t.ptr != nullptr) {
+        throw std::invalid_argument(where + t.name + " = " + pointer_text(t.ptr) + " is set, but " + to_string(P) +
+                                    " does not write it. Fix: pass nullptr, or the pattern that produces it.");
+      }
+      if (u == 0 || t.ptr == nullptr) continue;
+      if (reinterpret_cast<std::uintptr_t>(t.ptr) % t.align != 0) {
+        throw std::invalid_argument(where + t.name + " = " + pointer_text(t.ptr) + " is not " + std::to_string(t.align) +
+                                    "-byte aligned. Fix: allocate with cudaMalloc or align the tensor to " +
+                                    std::to_string(t.align) + " bytes.");
+      }
+      platform_.check_pointer(t.ptr, t.name);
+    }
+    // Outputs must not overlap anything, except the aliases inference engines rely on.
+    auto allowed_alias = [](std::string_view x, std::string_view y) {
+      auto pair = [&](std::string_view a, std::string_view b) { return (x == a && y == b) || (x == b && y == a); };
+      return pair("out", "in") || pair("norm_out", "in") || pair("residual_out", "residual_in");
+    };
+    for (const Tensor& x : tensors) {
+      if (!x.output || x.ptr == nullptr || used(x.name) == 0) continue;
+      for (const Tensor& y : tensors) {
+        if (&x == &y || y.ptr == nullptr || used(y.name) == 0 || (y.output && &y < &x)) continue;
+        const auto a0 = reinterpret_cast<std::uintptr_t>(x.ptr);
+        const auto b0 = reinterpret_cast<std::uintptr_t>(y.ptr);
+        if (!(a0 < b0 + y.bytes && b0 < a0 + x.bytes)) continue;
+        if (a0 == b0 && x.bytes == y.bytes && allowed_alias(x.name, y.name)) continue;
+        throw std::invalid_argument(where + x.name + " (" + pointer_text(x.ptr) + ", " + std::to_string(x.bytes) +
+                                    " bytes) overlaps " + y.name + " (" + pointer_text(y.ptr) + ", " +
+                                    std::to_string(y.bytes) +
+                                    " bytes). Allowed: out == in, norm_out == in, residual_out == residual_in, "
+                                    "exactly. Fix: pass disjoint buffers or one of those aliases.");
+      }
     }
   }
 

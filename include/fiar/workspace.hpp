@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <optional>
 
+#include "algo/epilogue.hpp"
+#include "algo/quant.hpp"
 #include "dtype.hpp"
 #include "policy.hpp"
 #include "version.hpp"
@@ -26,6 +28,27 @@ struct WorkspaceConfig {
   /// Size the buffers so that one-shot can run at max_token_num (default: only up to the one-shot
   /// threshold; larger calls use two-shot, which needs about 2 x tokens x hidden instead of W x).
   bool oneshot_at_max_tokens = false;
+};
+
+/// The tensors and parameters of one fused call, checked against the pattern before anything runs: every
+/// tensor the pattern uses must be given, and an output it does not use must be null. Shapes are
+/// [num_tokens, hidden_dim] unless noted; device memory on CudaPlatform, host memory on HostPlatform.
+template <ReduceType T>
+struct FusedArgs {
+  const T* in = nullptr;             ///< this rank's contribution
+  int num_tokens = 0;
+  T* out = nullptr;                  ///< Pattern::AllReduce: the sum (may equal in)
+  const T* residual_in = nullptr;    ///< norm patterns
+  T* residual_out = nullptr;         ///< norm patterns: sum + residual_in (may equal residual_in)
+  const T* gamma = nullptr;          ///< norm patterns: [hidden_dim]
+  float eps = 1e-6f;                 ///< RMSNorm epsilon
+  float weight_bias = 0.0f;          ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
+  T* norm_out = nullptr;             ///< ResidualRmsNorm: required; quant patterns: optional (may equal in)
+  void* quant_out = nullptr;         ///< fp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
+  const float* scale = nullptr;      ///< fp8 static: the per-tensor scale; nvfp4: the global scale (device scalar)
+  float* scale_out = nullptr;        ///< fp8 dynamic: [num_tokens] per-token scales
+  void* block_scale_out = nullptr;   ///< nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout)
+  ScaleLayout layout = ScaleLayout::Swizzled128x4;  ///< nvfp4 block-scale layout
 };
 
 /// The per-group buffers and protocol state of backend P for element type T, on Platform

@@ -107,15 +107,15 @@ template __global__ void oneshot<__nv_bfloat16>(const __grid_constant__ LamportP
 }  // namespace hand
 
 // fiar's kernels, both strategies (the two-shot figures are printed for the record).
-template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<float>(
+template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<fiar::Pattern::AllReduce, float>(
     const __grid_constant__ fiar::algo::LamportParams<float>);
-template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<__half>(
+template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<fiar::Pattern::AllReduce, __half>(
     const __grid_constant__ fiar::algo::LamportParams<__half>);
-template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<__nv_bfloat16>(
+template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
     const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);
-template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<float>(
+template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern::AllReduce, float>(
     const __grid_constant__ fiar::algo::LamportParams<float>);
-template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<__half>(
+template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern::AllReduce, __half>(
     const __grid_constant__ fiar::algo::LamportParams<__half>);
-template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<__nv_bfloat16>(
+template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
     const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);

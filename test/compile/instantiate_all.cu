@@ -22,6 +22,19 @@ template fiar::Workspace<fiar::TrtllmPolicy, __nv_bfloat16, fiar::CudaPlatform>:
     fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
 template std::vector<std::uint32_t*> fiar::CudaPlatform::allocate_shared(fiar::InProcessBootstrap&, std::size_t);
 
+// Every fused pattern: one kernel per pattern x dtype x strategy (run<P> instantiates both strategies).
+#define FIAR_INSTANTIATE_RUN(T, P)                                                                        \
+  template void fiar::Workspace<fiar::TrtllmPolicy, T, fiar::CudaPlatform>::run<fiar::Pattern::P>(       \
+      const fiar::FusedArgs<T>&, cudaStream_t, fiar::Strategy);
+#define FIAR_INSTANTIATE_PATTERNS(T)                  \
+  FIAR_INSTANTIATE_RUN(T, ResidualRmsNorm)            \
+  FIAR_INSTANTIATE_RUN(T, ResidualRmsNormFp8)         \
+  FIAR_INSTANTIATE_RUN(T, ResidualRmsNormFp8Dynamic)  \
+  FIAR_INSTANTIATE_RUN(T, ResidualRmsNormNvfp4)
+FIAR_INSTANTIATE_PATTERNS(float)
+FIAR_INSTANTIATE_PATTERNS(__half)
+FIAR_INSTANTIATE_PATTERNS(__nv_bfloat16)
+
 // Launch shapes: one block per token up to the cap, threads a multiple of 32 covering a token (32..1024).
 static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).blocks == 1);
 static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).threads == 32);

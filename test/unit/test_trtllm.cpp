@@ -300,7 +300,7 @@ TEST_CASE("bad calls are rejected before anything is launched, naming the value 
     expect_reject([&] { ws.allreduce(in, out, 9); });
     expect_reject([&] { ws.allreduce(in + 1, out, 1); });
     expect_reject([&] { ws.allreduce(in, out + 2, 1); });
-    expect_reject([&] { ws.allreduce(in, in + 4, 1); });                       // overlapping by 48 bytes
+    expect_reject([&] { ws.allreduce(in, in + 4, 1); });                       // out overlaps in by 48 bytes
     expect_reject([&] { ws.allreduce(in, out, 8, nullptr, Strategy::OneShot); });  // beyond one-shot capacity?
     // Nothing was launched: the protocol state is intact and a real call still reduces correctly.
     std::fill(in, in + 8 * 16, static_cast<float>(rank + 1));
@@ -318,7 +318,8 @@ TEST_CASE("bad calls are rejected before anything is launched, naming the value 
     CHECK(m[4].find("in = 0x") != std::string::npos);
     CHECK(m[4].find("not 16-byte aligned") != std::string::npos);
     CHECK(m[5].find("out = 0x") != std::string::npos);
-    CHECK(m[6].find("overlap by 48 bytes") != std::string::npos);
+    CHECK(m[6].find("out (0x") != std::string::npos);
+    CHECK(m[6].find("64 bytes) overlaps in (") != std::string::npos);
     CHECK(wrong[static_cast<std::size_t>(r)] == 0);
   }
   // With world 2 the default threshold (32 MiB) covers 8 tokens, so a forced one-shot fits: accepted.

@@ -24,8 +24,8 @@ namespace fiar::inline v0_1::algo {
 /// The execution context of one emulated lane.
 class HostCtx : public SystemAtomics {
  public:
-  HostCtx(int lane, int lanes, int block, int blocks, std::barrier<>* block_barrier)
-      : lane_(lane), lanes_(lanes), block_(block), blocks_(blocks), barrier_(block_barrier) {}
+  HostCtx(int lane, int lanes, int block, int blocks, std::barrier<>* block_barrier, float* block_scratch)
+      : lane_(lane), lanes_(lanes), block_(block), blocks_(blocks), barrier_(block_barrier), scratch_(block_scratch) {}
 
   [[nodiscard]] int lane() const { return lane_; }
   [[nodiscard]] int lanes() const { return lanes_; }
@@ -34,6 +34,15 @@ class HostCtx : public SystemAtomics {
 
   /// __syncthreads(): every lane of the block.
   void sync() { barrier_->arrive_and_wait(); }
+
+  /// Block-wide sum and max, deterministic: every lane gets the lanes' values combined in lane order.
+  /// Every lane of the block must call them.
+  float sum(float x) {
+    return reduce(x, [](float a, float b) { return a + b; });
+  }
+  float max(float x) {
+    return reduce(x, [](float a, float b) { return a > b ? a : b; });
+  }
 
   static std::uint64_t now_ns() {
     return static_cast<std::uint64_t>(
@@ -63,8 +72,19 @@ class HostCtx : public SystemAtomics {
   }
 
  private:
+  template <class Op>
+  float reduce(float x, Op op) {
+    scratch_[lane_] = x;
+    sync();
+    float total = scratch_[0];
+    for (int l = 1; l < lanes_; ++l) total = op(total, scratch_[l]);
+    sync();  // nobody overwrites the scratch before every lane has read it
+    return total;
+  }
+
   int lane_, lanes_, block_, blocks_;
   std::barrier<>* barrier_;
+  float* scratch_;
 };
 
 /// A persistent grid of emulated lanes (blocks x lanes threads) that runs one kernel at a time.
@@ -78,6 +98,7 @@ class HostGrid {
                                   "smaller HostPlatform grid.");
     }
     for (int b = 0; b < blocks; ++b) barriers_.push_back(std::make_unique<std::barrier<>>(lanes));
+    scratch_.resize(static_cast<std::size_t>(blocks * lanes));
     threads_.reserve(static_cast<std::size_t>(blocks * lanes));
     for (int b = 0; b < blocks; ++b) {
       for (int l = 0; l < lanes; ++l) threads_.emplace_back([this, b, l] { lane_main(b, l); });
@@ -110,7 +131,8 @@ class HostGrid {
 
  private:
   void lane_main(int block, int lane) {
-    HostCtx ctx(lane, lanes_, block, blocks_, barriers_[static_cast<std::size_t>(block)].get());
+    HostCtx ctx(lane, lanes_, block, blocks_, barriers_[static_cast<std::size_t>(block)].get(),
+                scratch_.data() + static_cast<std::size_t>(block) * static_cast<std::size_t>(lanes_));
     std::uint64_t seen = 0;
     for (;;) {
       const std::function<void(HostCtx&)>* kernel = nullptr;
@@ -129,6 +151,7 @@ class HostGrid {
 
   int blocks_, lanes_;
   std::vector<std::unique_ptr<std::barrier<>>> barriers_;
+  std::vector<float> scratch_;  // one float per lane, for block reductions
   std::vector<std::thread> threads_;
   std::mutex mutex_;
   std::condition_variable start_, done_;

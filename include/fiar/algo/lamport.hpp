@@ -10,6 +10,7 @@
 #include "../detail/convert.hpp"
 #include "../detail/hd.hpp"
 #include "../dtype.hpp"
+#include "epilogue.hpp"
 
 namespace fiar::inline v0_1 {
 
@@ -56,6 +57,7 @@ struct LamportParams {
   LamportState* state;                      ///< this rank's state
   ErrorRecord* error;                       ///< this rank's error record
   std::uint64_t timeout_ns;                 ///< per call, from the kernel's start
+  EpilogueParams<T> epi;                    ///< fused outputs (Pattern other than AllReduce)
 };
 
 /// Words a call of `tokens` tokens writes into one Lamport buffer.
@@ -143,11 +145,6 @@ FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
   return fiar::detail::sanitize<sizeof(T)>(row[vec]);
 }
 
-template <ReduceType T>
-FIAR_HD inline void store_output(const LamportParams<T>& p, int token, int vec, const Vec16& v) {
-  Vec16* row = reinterpret_cast<Vec16*>(p.out) + static_cast<std::size_t>(token) * p.vecs_per_token;
-  row[vec] = v;
-}
 
 }  // namespace detail_lamport
 
@@ -155,7 +152,7 @@ FIAR_HD inline void store_output(const LamportParams<T>& p, int token, int vec, 
 /// the buffer of the previous call, then polls the W slots of its own buffer and sums them in rank order
 /// in fp32. Buffer layout: [source rank][token][vector].
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
+template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail_lamport;
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
@@ -181,17 +178,18 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   // 2. Clear what the previous call wrote into this rank's buffer; peers write it again two calls from now.
   clear_previous(ctx, p, call, prev);
 
-  // 3. Poll and reduce in rank order: identical bits on every rank.
+  // 3. Poll and reduce in rank order (identical bits on every rank), then the pattern's epilogue.
   for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
-    for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
+    finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [&](int v) {
       fiar::detail::FloatPack<T> acc{};
       for (int r = 0; r < p.world_size; ++r) {
         const Vec16 y = poll(ctx, p.buffers[p.rank] + cur + slot(r, t, v), deadline, p.error, r, false, call);
         fiar::detail::unpack_add<T>(y, acc);
       }
-      store_output(p, t, v, fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc)));
-    }
+      return fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc));
+    });
   }
+  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * fiar::detail::kElemsPerVec<T>);
 
   finish_call(ctx, p.state, call, static_cast<std::uint32_t>(oneshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
 }
@@ -202,7 +200,7 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
 /// area. Results are bit-identical to one-shot. Buffer layout: scatter [source][chunk token][vector],
 /// then gather [token][vector].
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
+template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail_lamport;
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
@@ -248,13 +246,14 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
     }
   }
 
-  // 4. Gather: every token's result arrives from its owner.
+  // 4. Gather: every token's result arrives from its owner; then the pattern's epilogue.
   for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
     const int owner = t / chunk;
-    for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
-      store_output(p, t, v, poll(ctx, p.buffers[p.rank] + cur + gather_slot(t, v), deadline, p.error, owner, true, call));
-    }
+    finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [&](int v) {
+      return poll(ctx, p.buffers[p.rank] + cur + gather_slot(t, v), deadline, p.error, owner, true, call);
+    });
   }
+  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * fiar::detail::kElemsPerVec<T>);
 
   finish_call(ctx, p.state, call, static_cast<std::uint32_t>(twoshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
 }

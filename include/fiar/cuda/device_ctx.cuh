@@ -7,6 +7,8 @@
 #error "fiar/cuda/device_ctx.cuh needs nvcc: include <fiar/fiar.hpp> in host-only translation units"
 #endif
 
+#include <cub/warp/warp_reduce.cuh>
+#include <cuda/functional>
 #include <cuda/ptx>
 
 #include <cstdint>
@@ -27,6 +29,34 @@ struct DeviceCtx : algo::SystemAtomics {
 
   /// Every lane of the block.
   __device__ static void sync() { __syncthreads(); }
+
+  /// Block-wide sum and max (every lane of the block calls them; blockDim.x is a multiple of 32): CUB warp
+  /// reductions, then warp 0 combines the warps' results. A fixed tree: the same block size gives the same
+  /// bits on every rank.
+  __device__ static float sum(float x) { return reduce(x, ::cuda::std::plus<float>{}); }
+  __device__ static float max(float x) { return reduce(x, ::cuda::maximum<float>{}); }
+
+  template <class Op>
+  __device__ static float reduce(float x, Op op) {
+    using WarpReduce = cub::WarpReduce<float>;
+    __shared__ typename WarpReduce::TempStorage storage[32];
+    __shared__ float partial[32];
+    __shared__ float result;
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int warps = static_cast<int>(blockDim.x) / 32;
+    const float mine = WarpReduce(storage[warp]).Reduce(x, op);
+    if (lane == 0) partial[warp] = mine;
+    __syncthreads();
+    if (warp == 0) {
+      const float all = WarpReduce(storage[0]).Reduce(lane < warps ? partial[lane] : partial[0], op, warps);
+      if (lane == 0) result = all;
+    }
+    __syncthreads();
+    const float total = result;
+    __syncthreads();  // nobody overwrites `result` before every lane has read it
+    return total;
+  }
 
   /// Nanoseconds of the GPU's global timer, for deadlines (only differences matter).
   __device__ static std::uint64_t now_ns() { return cuda::ptx::get_sreg_globaltimer(); }

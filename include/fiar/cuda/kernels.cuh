@@ -44,22 +44,22 @@ __device__ __forceinline__ void allow_successor() {
 
 /// Lamport one-shot (algo::lamport_oneshot). The parameters stay in the constant bank (__grid_constant__),
 /// so the algo code can take them by reference without a local copy.
-template <ReduceType T>
+template <Pattern P, ReduceType T>
 __global__ __attribute__((visibility("hidden"))) void __launch_bounds__(kMaxThreads)
     lamport_oneshot_kernel(const __grid_constant__ algo::LamportParams<T> p) {
   wait_for_predecessor();
   DeviceCtx ctx;
-  algo::lamport_oneshot<T>(ctx, p);
+  algo::lamport_oneshot<P, T>(ctx, p);
   allow_successor();
 }
 
 /// Lamport two-shot (algo::lamport_twoshot): reduce-scatter, then all-gather, bit-identical to one-shot.
-template <ReduceType T>
+template <Pattern P, ReduceType T>
 __global__ __attribute__((visibility("hidden"))) void __launch_bounds__(kMaxThreads)
     lamport_twoshot_kernel(const __grid_constant__ algo::LamportParams<T> p) {
   wait_for_predecessor();
   DeviceCtx ctx;
-  algo::lamport_twoshot<T>(ctx, p);
+  algo::lamport_twoshot<P, T>(ctx, p);
   allow_successor();
 }
 
@@ -71,7 +71,7 @@ namespace fiar::inline v0_1 {
 // default cap is the SM count divided by the ranks of the group on this GPU: ranks that share a GPU must be
 // resident at the same time, or a Lamport kernel spinning on every SM starves its peer's kernel, which never
 // starts, and both wait until the timeout.
-template <ReduceType T>
+template <Pattern P, ReduceType T>
 void CudaPlatform::launch(Strategy s, const algo::LamportParams<T>& p, cudaStream_t stream) {
   require_ready();
   const CudaLaunchShape shape = launch_shape(p.num_tokens, p.vecs_per_token);
@@ -89,10 +89,11 @@ void CudaPlatform::launch(Strategy s, const algo::LamportParams<T>& p, cudaStrea
   }
   detail::DeviceGuard guard(device_);
   const bool twoshot = s == Strategy::TwoShot;
-  const cudaError_t e = twoshot ? cudaLaunchKernelEx(&config, cuda_detail::lamport_twoshot_kernel<T>, p)
-                                : cudaLaunchKernelEx(&config, cuda_detail::lamport_oneshot_kernel<T>, p);
+  const cudaError_t e = twoshot ? cudaLaunchKernelEx(&config, cuda_detail::lamport_twoshot_kernel<P, T>, p)
+                                : cudaLaunchKernelEx(&config, cuda_detail::lamport_oneshot_kernel<P, T>, p);
   detail::cuda_check(e,
                      std::string("cudaLaunchKernelEx (trtllm ") + (twoshot ? "two-shot" : "one-shot") + ", " +
+                         to_string(P) + ", " +
                          std::string(dtype_name<T>()) + ", " + std::to_string(shape.blocks) + " x " +
                          std::to_string(shape.threads) + " threads) on device " + std::to_string(device_),
                      "the stream belongs to device " + std::to_string(device_) +

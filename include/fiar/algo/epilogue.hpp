@@ -1,0 +1,240 @@
+// fiar/algo/epilogue.hpp — what a protocol does with each reduced token: write it, or fuse the residual add,
+// RMSNorm and FP8 / NVFP4 quantization that follow the all-reduce. Written once for every backend.
+// Contract: fp32 math with the rounding points listed in docs/design.md ("Fusion numerics"); a token is
+// handled by one block (block-wide sum/max from the context); outputs may alias inputs only as documented.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "../detail/convert.hpp"
+#include "../detail/hd.hpp"
+#include "../dtype.hpp"
+#include "quant.hpp"
+
+namespace fiar::inline v0_1 {
+
+/// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5).
+enum class Pattern {
+  AllReduce,                  ///< out = sum
+  ResidualRmsNorm,            ///< residual_out = sum + residual_in; norm_out = RMSNorm(residual_out)
+  ResidualRmsNormFp8,         ///< ... then quant_out = e4m3(norm / scale), static per-tensor scale
+  ResidualRmsNormFp8Dynamic,  ///< ... then per-token e4m3 with scale_out[token] = max(amax / 448, 1/(512*448))
+  ResidualRmsNormNvfp4,       ///< ... then NVFP4: e2m1 values in 16-element blocks, e4m3 block scales (sm_100+)
+};
+
+constexpr const char* to_string(Pattern p) {
+  switch (p) {
+    case Pattern::AllReduce: return "allreduce";
+    case Pattern::ResidualRmsNorm: return "residual_rmsnorm";
+    case Pattern::ResidualRmsNormFp8: return "residual_rmsnorm_fp8";
+    case Pattern::ResidualRmsNormFp8Dynamic: return "residual_rmsnorm_fp8_dynamic";
+    case Pattern::ResidualRmsNormNvfp4: return "residual_rmsnorm_nvfp4";
+  }
+  return "invalid";
+}
+
+namespace algo {
+
+/// The fused outputs and parameters of one call (unused members are null / ignored for a pattern).
+template <ReduceType T>
+struct EpilogueParams {
+  const T* residual_in;           ///< [tokens, hidden]
+  T* residual_out;                ///< [tokens, hidden]; may equal residual_in
+  const T* gamma;                 ///< [hidden]
+  T* norm_out;                    ///< [tokens, hidden]; may equal the all-reduce input; optional for quant
+  std::uint8_t* quant_out;        ///< fp8: [tokens, hidden]; nvfp4: [tokens, hidden / 2], low nibble first
+  const float* scale;             ///< device scalar: fp8 static scale, or the nvfp4 global scale
+  float* scale_out;               ///< fp8 dynamic: [tokens]
+  std::uint8_t* block_scale_out;  ///< nvfp4: e4m3 block scales in `layout`
+  float eps;
+  float weight_bias;  ///< 0: standard RMSNorm; 1: (1 + gamma), Gemma style
+  ScaleLayout layout;
+};
+
+namespace detail_epilogue {
+
+using fiar::detail::Vec16;
+
+template <ReduceType T>
+FIAR_HD inline Vec16 load_row(const T* base, int token, int vecs_per_token, int vec) {
+  return reinterpret_cast<const Vec16*>(base)[static_cast<std::size_t>(token) * vecs_per_token + vec];
+}
+template <ReduceType T>
+FIAR_HD inline void store_row(T* base, int token, int vecs_per_token, int vec, const Vec16& v) {
+  reinterpret_cast<Vec16*>(base)[static_cast<std::size_t>(token) * vecs_per_token + vec] = v;
+}
+
+template <ReduceType T>
+struct Elems {
+  T e[fiar::detail::kElemsPerVec<T>];
+};
+template <ReduceType T>
+FIAR_HD inline Elems<T> unpack(const Vec16& v) {
+  Elems<T> out;
+  memcpy(static_cast<void*>(out.e), &v, sizeof(v));
+  return out;
+}
+template <ReduceType T>
+FIAR_HD inline Vec16 repack(const Elems<T>& e) {
+  Vec16 v;
+  memcpy(&v, static_cast<const void*>(e.e), sizeof(v));
+  return v;
+}
+
+// The RMSNorm output element: T(y * s * (weight_bias + gamma)), evaluated left to right in fp32.
+template <ReduceType T>
+FIAR_HD inline T norm_elem(T y, float s, float weight_bias, T g) {
+  using fiar::detail::from_float;
+  using fiar::detail::to_float;
+  return from_float<T>(to_float(y) * s * (weight_bias + to_float(g)));
+}
+
+template <ReduceType T>
+FIAR_HD inline Elems<T> norm_vec(const Vec16& y, float s, const EpilogueParams<T>& e, int vec) {
+  const Elems<T> yy = unpack<T>(y);
+  const Elems<T> g = unpack<T>(reinterpret_cast<const Vec16*>(e.gamma)[vec]);
+  Elems<T> n;
+  FIAR_UNROLL
+  for (int i = 0; i < fiar::detail::kElemsPerVec<T>; ++i) n.e[i] = norm_elem<T>(yy.e[i], s, e.weight_bias, g.e[i]);
+  return n;
+}
+
+// Stores kElemsPerVec<T> e4m3 bytes (4 or 8) for one vector of a row.
+template <ReduceType T>
+FIAR_HD inline void store_fp8(std::uint8_t* row, int vec, const std::uint8_t* q) {
+  constexpr int n = fiar::detail::kElemsPerVec<T>;
+  if constexpr (n == 8) {
+    std::uint64_t w = 0;
+    for (int i = 0; i < 8; ++i) w |= static_cast<std::uint64_t>(q[i]) << (8 * i);
+    *reinterpret_cast<std::uint64_t*>(row + static_cast<std::size_t>(vec) * 8) = w;
+  } else {
+    std::uint32_t w = 0;
+    for (int i = 0; i < 4; ++i) w |= static_cast<std::uint32_t>(q[i]) << (8 * i);
+    *reinterpret_cast<std::uint32_t*>(row + static_cast<std::size_t>(vec) * 4) = w;
+  }
+}
+
+}  // namespace detail_epilogue
+
+/// Hands one reduced token to the pattern's epilogue. `fetch(v)` returns the token's reduced vector v (it
+/// may poll); it is called exactly once per vector, by the lane that owns it.
+FIAR_EXEC_CHECK_DISABLE
+template <Pattern P, ReduceType T, class Ctx, class Fetch>
+FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int token, int vecs_per_token, Fetch&& fetch) {
+  using namespace detail_epilogue;
+  using fiar::detail::from_float;
+  using fiar::detail::to_float;
+  constexpr int kE = fiar::detail::kElemsPerVec<T>;
+  if constexpr (P == Pattern::AllReduce) {
+    for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) store_row(out, token, vecs_per_token, v, fetch(v));
+  } else {
+    // Residual add: y = T(sum + residual), the pre-norm output; sum of squares of the rounded y.
+    float squares = 0.0f;
+    for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
+      const Elems<T> a = unpack<T>(fetch(v));
+      const Elems<T> r = unpack<T>(load_row(e.residual_in, token, vecs_per_token, v));
+      Elems<T> y;
+      FIAR_UNROLL
+      for (int i = 0; i < kE; ++i) {
+        y.e[i] = from_float<T>(to_float(a.e[i]) + to_float(r.e[i]));
+        const float f = to_float(y.e[i]);
+        squares += f * f;
+      }
+      store_row(e.residual_out, token, vecs_per_token, v, repack<T>(y));
+    }
+    const int hidden = vecs_per_token * kE;
+    const float s = 1.0f / sqrtf(ctx.sum(squares) / static_cast<float>(hidden) + e.eps);
+
+    if constexpr (P == Pattern::ResidualRmsNorm || P == Pattern::ResidualRmsNormFp8) {
+      const float inv_scale = P == Pattern::ResidualRmsNormFp8 ? 1.0f / *e.scale : 0.0f;
+      std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
+      for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
+        const Elems<T> n = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
+        if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
+        if constexpr (P == Pattern::ResidualRmsNormFp8) {
+          std::uint8_t q[kE];
+          FIAR_UNROLL
+          for (int i = 0; i < kE; ++i) q[i] = to_fp8_e4m3(to_float(n.e[i]) * inv_scale);
+          store_fp8<T>(qrow, v, q);
+        }
+      }
+    } else if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) {
+      float amax = 0.0f;
+      for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
+        const Elems<T> n = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
+        if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
+        FIAR_UNROLL
+        for (int i = 0; i < kE; ++i) amax = fmaxf(amax, fabsf(to_float(n.e[i])));
+      }
+      const float token_scale = fp8_dynamic_scale(ctx.max(amax));
+      std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
+      for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
+        const Elems<T> n = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
+        std::uint8_t q[kE];
+        FIAR_UNROLL
+        for (int i = 0; i < kE; ++i) q[i] = to_fp8_e4m3(to_float(n.e[i]) / token_scale);
+        store_fp8<T>(qrow, v, q);
+      }
+      if (ctx.lane() == 0) e.scale_out[token] = token_scale;
+    } else {
+      static_assert(P == Pattern::ResidualRmsNormNvfp4, "unknown pattern");
+      // One 16-element block = two vectors of 16-bit elements per lane. Float input is rejected on the
+      // host before any launch; its instantiation compiles to nothing.
+      if constexpr (kE == 8) {
+        const float global = *e.scale;
+        const int blocks16 = hidden / kNvfp4Block;
+        const int padded = e.layout == ScaleLayout::Swizzled128x4 ? round_up(blocks16, 4) : blocks16;
+        std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * (hidden / 2);
+        for (int u = ctx.lane(); u < padded; u += ctx.lanes()) {
+          const std::size_t at = nvfp4_scale_offset(token, u, hidden, e.layout);
+          if (u >= blocks16) {  // padding column of the swizzled layout
+            e.block_scale_out[at] = 0;
+            continue;
+          }
+          float n[kNvfp4Block];
+          float amax = 0.0f;
+          for (int half = 0; half < 2; ++half) {
+            const int v = 2 * u + half;
+            const Elems<T> nv = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
+            if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(nv));
+            FIAR_UNROLL
+            for (int i = 0; i < kE; ++i) {
+              n[half * kE + i] = to_float(nv.e[i]);
+              amax = fmaxf(amax, fabsf(n[half * kE + i]));
+            }
+          }
+          const std::uint8_t sf = to_fp8_e4m3(global * amax / kFp4Max);
+          const float sf_value = from_fp8_e4m3(sf);
+          const float factor = sf_value == 0.0f ? 0.0f : global / sf_value;
+          std::uint64_t packed = 0;
+          FIAR_UNROLL
+          for (int i = 0; i < kNvfp4Block; ++i) {
+            packed |= static_cast<std::uint64_t>(to_fp4_e2m1(n[i] * factor)) << (4 * i);
+          }
+          *reinterpret_cast<std::uint64_t*>(qrow + static_cast<std::size_t>(u) * 8) = packed;
+          e.block_scale_out[at] = sf;
+        }
+      }
+    }
+  }
+}
+
+/// NVFP4 swizzled layout: zero the padding rows [num_tokens, round_up(num_tokens, 128)) of the scale
+/// tensor, spread over the grid (the padding columns of real rows are written with their row).
+FIAR_EXEC_CHECK_DISABLE
+template <Pattern P, ReduceType T, class Ctx>
+FIAR_HD void finish_call_outputs(Ctx& ctx, const EpilogueParams<T>& e, int num_tokens, int hidden) {
+  if constexpr (P == Pattern::ResidualRmsNormNvfp4) {
+    if (e.layout != ScaleLayout::Swizzled128x4) return;
+    const int cols = round_up(nvfp4_scale_cols(hidden), 4);
+    for (int m = num_tokens + ctx.block(); m < round_up(num_tokens, 128); m += ctx.blocks()) {
+      for (int k = ctx.lane(); k < cols; k += ctx.lanes())
+        e.block_scale_out[nvfp4_scale_offset(m, k, hidden, e.layout)] = 0;
+    }
+  }
+}
+
+}  // namespace algo
+}  // namespace fiar::inline v0_1

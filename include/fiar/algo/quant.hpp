@@ -1,0 +1,93 @@
+// fiar/algo/quant.hpp — the quantized formats the fused epilogues write: FP8 e4m3 and NVFP4 (e2m1 values,
+// e4m3 block scales) with its scale-factor layouts.
+// Contract: conversions are the CUDA ones (cuda_fp8.h / cuda_fp4.h: round to nearest even, saturating to
+// the largest finite value), identical on host and device; layouts are pure functions of their indices.
+#pragma once
+
+// cuda_fp4.hpp (CUDA 13.0) has unused parameters; keep -Wextra users' builds quiet.
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#endif
+#include <cuda_fp4.h>
+#include <cuda_fp8.h>
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../detail/hd.hpp"
+
+namespace fiar::inline v0_1 {
+
+/// Where the NVFP4 block scales of token m, 16-element block k go.
+enum class ScaleLayout {
+  Swizzled128x4,  ///< the tiled layout block-scaled GEMMs read: rows padded to 128, columns to 4
+  Linear,         ///< row-major [num_tokens, hidden_dim / 16]
+};
+
+namespace algo {
+
+/// Largest finite e4m3 value, and e2m1's.
+inline constexpr float kFp8Max = 448.0f;
+inline constexpr float kFp4Max = 6.0f;
+/// Elements per NVFP4 block (one e4m3 scale each).
+inline constexpr int kNvfp4Block = 16;
+
+/// float -> e4m3, round to nearest even, saturating (NaN stays NaN).
+FIAR_HD inline std::uint8_t to_fp8_e4m3(float x) {
+  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+/// e4m3 -> float (exact).
+FIAR_HD inline float from_fp8_e4m3(std::uint8_t q) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+/// float -> e2m1 (low nibble), round to nearest even, saturating.
+FIAR_HD inline std::uint8_t to_fp4_e2m1(float x) {
+  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest) & 0xf);
+}
+
+/// e2m1 (low nibble) -> float (exact).
+FIAR_HD inline float from_fp4_e2m1(std::uint8_t q) {
+  const __half_raw h = __nv_cvt_fp4_to_halfraw(static_cast<__nv_fp4_storage_t>(q & 0xf), __NV_E2M1);
+  return __half2float(__half(h));
+}
+
+/// Dynamic per-token FP8 scale: amax / 448, at least 1 / (512 x 448) so that an all-zero row stays finite.
+FIAR_HD constexpr float fp8_dynamic_scale(float amax) {
+  const float s = amax / kFp8Max;
+  const float floor = 1.0f / (512.0f * kFp8Max);
+  return s > floor ? s : floor;
+}
+
+/// Columns of the scale matrix (one per 16-element block), and their padded count in the swizzled layout.
+FIAR_HD constexpr int nvfp4_scale_cols(int hidden_dim) { return hidden_dim / kNvfp4Block; }
+FIAR_HD constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
+
+/// Bytes of the scale tensor for num_tokens rows.
+FIAR_HD constexpr std::size_t nvfp4_scale_bytes(int num_tokens, int hidden_dim, ScaleLayout layout) {
+  const int cols = nvfp4_scale_cols(hidden_dim);
+  return layout == ScaleLayout::Linear
+             ? static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cols)
+             : static_cast<std::size_t>(round_up(num_tokens, 128)) * static_cast<std::size_t>(round_up(cols, 4));
+}
+
+/// Byte offset of the scale of (row m, block column k). Swizzled 128x4: 128-row x 4-column tiles of 512
+/// bytes, tiles row-major over the padded columns; inside a tile, row m % 32 picks a 16-byte line, the
+/// 32-row quarter (m % 128) / 32 a 4-byte group within it, and k % 4 the byte.
+FIAR_HD constexpr std::size_t nvfp4_scale_offset(int m, int k, int hidden_dim, ScaleLayout layout) {
+  const int cols = nvfp4_scale_cols(hidden_dim);
+  if (layout == ScaleLayout::Linear) return static_cast<std::size_t>(m) * static_cast<std::size_t>(cols) + k;
+  const std::size_t k_tiles = static_cast<std::size_t>(round_up(cols, 4) / 4);
+  return static_cast<std::size_t>(m / 128) * k_tiles * 512 + static_cast<std::size_t>(k / 4) * 512 +
+         static_cast<std::size_t>(m % 32) * 16 + static_cast<std::size_t>((m % 128) / 32) * 4 +
+         static_cast<std::size_t>(k % 4);
+}
+
+}  // namespace algo
+}  // namespace fiar::inline v0_1
