@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -36,7 +38,8 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
   --hidden N                hidden size (default 4096)
   --iterations N            calls per rank (default 10)
   --strategy auto|oneshot|twoshot   (default auto)
-  --pattern allreduce       what each call computes (fused patterns come later)
+  --pattern NAME            allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic
+                            or residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+) (default allreduce)
   -h, --help
 
 exit status: 0 all results matched, 1 mismatch or failure, 2 configuration rejected
@@ -58,6 +61,7 @@ struct Options {
   int hidden = 4096;
   int iterations = 10;
   fiar::Strategy strategy = fiar::Strategy::Auto;
+  fiar::Pattern pattern = fiar::Pattern::AllReduce;
 };
 
 int parse_int(std::string_view flag, std::string_view text, int min) {
@@ -133,7 +137,12 @@ Options parse(int argc, char** argv, bool& help) {
       const std::string s = parse_choice(arg, value, "auto", "oneshot", "twoshot");
       o.strategy = s == "oneshot" ? fiar::Strategy::OneShot : s == "twoshot" ? fiar::Strategy::TwoShot : fiar::Strategy::Auto;
     } else if (arg == "--pattern") {
-      parse_choice(arg, value, "allreduce");
+      const std::string p = parse_choice(arg, value, "allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8",
+                                         "residual_rmsnorm_fp8_dynamic", "residual_rmsnorm_nvfp4");
+      for (fiar::Pattern c : {fiar::Pattern::AllReduce, fiar::Pattern::ResidualRmsNorm, fiar::Pattern::ResidualRmsNormFp8,
+                              fiar::Pattern::ResidualRmsNormFp8Dynamic, fiar::Pattern::ResidualRmsNormNvfp4}) {
+        if (p == fiar::to_string(c)) o.pattern = c;
+      }
     } else {
       throw UsageError("unknown option " + fiar::detail::quoted(arg));
     }
@@ -162,8 +171,68 @@ double unit_roundoff() {
 struct RankResult {
   long mismatches = 0;
   double max_error = 0;
-  std::vector<unsigned char> last_bytes;  // the last output, to compare across ranks
+  std::vector<unsigned char> last_bytes;  // the last outputs, to compare across ranks
   std::string error;
+};
+
+// Where a rank's tensors live: host memory on the emulator, device memory (one stream) on the GPU.
+struct Memory {
+  virtual ~Memory() = default;
+  virtual void* alloc(std::size_t bytes) = 0;
+  virtual void upload(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void sync() = 0;
+  virtual cudaStream_t stream() = 0;
+};
+
+struct HostMemory final : Memory {
+  std::vector<std::unique_ptr<unsigned char[]>> blocks;
+  void* alloc(std::size_t bytes) override {
+    blocks.emplace_back(new (std::align_val_t(64)) unsigned char[bytes + 64]());
+    return blocks.back().get();
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void sync() override {}
+  cudaStream_t stream() override { return nullptr; }
+  ~HostMemory() override {
+    for (auto& b : blocks) ::operator delete[](b.release(), std::align_val_t(64));
+  }
+};
+
+struct DeviceMemory final : Memory {
+  cudaStream_t s = nullptr;
+  std::vector<void*> blocks;
+  explicit DeviceMemory(int rank) {
+    if (const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
+      throw std::runtime_error("fiar-demo: cudaStreamCreateWithFlags on rank " + std::to_string(rank) + ": " +
+                               fiar::detail::describe_cuda(e));
+    }
+  }
+  void* alloc(std::size_t bytes) override {
+    void* p = nullptr;
+    if (const cudaError_t e = cudaMalloc(&p, bytes + 64); e != cudaSuccess) {
+      throw std::runtime_error("fiar-demo: cudaMalloc(" + std::to_string(bytes) + "): " + fiar::detail::describe_cuda(e) +
+                               ". Check free GPU memory (nvidia-smi).");
+    }
+    (void)cudaMemset(p, 0, bytes + 64);
+    blocks.push_back(p);
+    return p;
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) override {
+    (void)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);
+  }
+  void download(void* dst, const void* src, std::size_t bytes) override {
+    (void)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+    (void)cudaStreamSynchronize(s);
+  }
+  void sync() override { (void)cudaStreamSynchronize(s); }
+  cudaStream_t stream() override { return s; }
+  ~DeviceMemory() override {
+    (void)cudaStreamSynchronize(s);
+    for (void* p : blocks) (void)cudaFree(p);
+    (void)cudaStreamDestroy(s);
+  }
 };
 
 template <class T>
@@ -192,26 +261,171 @@ fiar::WorkspaceConfig demo_config(const Options& o) {
   return cfg;
 }
 
-template <class T, class Platform, class MakeBuffers>
+template <class T>
+float f32(T x) {
+  return fiar::detail::to_float(x);
+}
+template <class T>
+T round_to(float x) {
+  return fiar::detail::from_float<T>(x);
+}
+
+// Verifies one call of a fused pattern on one rank: residual_out bit-exact against the fp32 rank-order sum
+// plus the residual; norm_out within one ulp of T of the fp64 RMSNorm; the quantized outputs bit-exact
+// against the quantization of the kernel's own norm_out.
+template <class T>
+void verify_fused(const Options& o, int world, int it, const std::vector<T>& residual, const std::vector<T>& gamma,
+                  const std::vector<T>& residual_out, const std::vector<T>& norm, const std::vector<std::uint8_t>& quant,
+                  const std::vector<float>& scale_out, const std::vector<std::uint8_t>& block_scales, float scale,
+                  RankResult& res) {
+  const int H = o.hidden;
+  const double ulp = unit_roundoff<T>() * 2;
+  for (int t = 0; t < o.tokens; ++t) {
+    double squares = 0;
+    std::vector<float> y(static_cast<std::size_t>(H));
+    for (int h = 0; h < H; ++h) {
+      const std::size_t i = static_cast<std::size_t>(t) * H + h;
+      float acc = 0.0f;
+      for (int r = 0; r < world; ++r) acc += f32(round_to<T>(input_value(r, it, i))) + 0.0f;
+      T sum = round_to<T>(acc);
+      if (f32(sum) == 0.0f) sum = round_to<T>(0.0f);
+      const T yy = round_to<T>(f32(sum) + f32(residual[i]));
+      if (f32(yy) != f32(residual_out[i])) ++res.mismatches;
+      y[static_cast<std::size_t>(h)] = f32(yy);
+      squares += static_cast<double>(f32(yy)) * f32(yy);
+    }
+    const double inv_rms = 1.0 / std::sqrt(squares / H + 1e-6);
+    float amax = 0.0f;
+    for (int h = 0; h < H; ++h) {
+      const std::size_t i = static_cast<std::size_t>(t) * H + h;
+      const double want = y[static_cast<std::size_t>(h)] * inv_rms * f32(gamma[static_cast<std::size_t>(h)]);
+      const double err = std::fabs(f32(norm[i]) - want);
+      if (err > ulp * std::fabs(want) + 1e-6 * std::fabs(want) + 1e-30) ++res.mismatches;
+      res.max_error = std::max(res.max_error, err);
+      amax = std::max(amax, std::fabs(f32(norm[i])));
+    }
+    if (o.pattern == fiar::Pattern::ResidualRmsNormFp8 || o.pattern == fiar::Pattern::ResidualRmsNormFp8Dynamic) {
+      const bool dynamic = o.pattern == fiar::Pattern::ResidualRmsNormFp8Dynamic;
+      const float token_scale = std::max(amax / 448.0f, 1.0f / (512.0f * 448.0f));
+      if (dynamic && scale_out[static_cast<std::size_t>(t)] != token_scale) ++res.mismatches;
+      for (int h = 0; h < H; ++h) {
+        const std::size_t i = static_cast<std::size_t>(t) * H + h;
+        const float q = dynamic ? f32(norm[i]) / token_scale : f32(norm[i]) * (1.0f / scale);
+        if (quant[i] != static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3))) ++res.mismatches;
+      }
+    } else if (o.pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
+      for (int k = 0; k < H / 16; ++k) {
+        float block_max = 0.0f;
+        for (int j = 0; j < 16; ++j) block_max = std::max(block_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j])));
+        const auto sf = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(scale * block_max / 6.0f, __NV_SATFINITE, __NV_E4M3));
+        if (block_scales[fiar::algo::nvfp4_scale_offset(t, k, H, fiar::ScaleLayout::Swizzled128x4)] != sf) ++res.mismatches;
+        const float sf_value = __half2float(__half(__nv_cvt_fp8_to_halfraw(sf, __NV_E4M3)));
+        const float factor = sf_value == 0.0f ? 0.0f : scale / sf_value;
+        for (int j = 0; j < 16; ++j) {
+          const std::uint8_t byte = quant[static_cast<std::size_t>(t) * (H / 2) + (k * 16 + j) / 2];
+          const std::uint8_t nibble = j % 2 == 0 ? (byte & 0xf) : (byte >> 4);
+          const float n = f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j]);
+          if (nibble != (__nv_cvt_float_to_fp4(n * factor, __NV_E2M1, cudaRoundNearest) & 0xf)) ++res.mismatches;
+        }
+      }
+    }
+  }
+}
+
+template <fiar::Pattern P, class T, class Platform>
 RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, const Options& o,
-                    const typename Platform::Options& popts, MakeBuffers&& buffers) {
+                    const typename Platform::Options& popts, Memory& mem) {
   RankResult res;
   fiar::Workspace<fiar::TrtllmPolicy, T, Platform> ws(boot, topo, demo_config(o), popts);
   const std::size_t count = static_cast<std::size_t>(o.tokens) * o.hidden;
-  std::vector<T> host_in(count), host_out(count);
-  auto [dev_in, dev_out, stream, upload, download, sync] = buffers(count);
-  for (int it = 0; it < o.iterations; ++it) {
-    for (std::size_t i = 0; i < count; ++i) host_in[i] = fiar::detail::from_float<T>(input_value(topo.rank, it, i));
-    upload(host_in);
-    ws.allreduce(dev_in, dev_out, o.tokens, stream, o.strategy);
-    sync();
-    ws.check();
-    download(host_out);
-    verify<T>(host_out, topo.world_size, it, res);
+  const std::size_t bytes = count * sizeof(T);
+  constexpr bool fused = P != fiar::Pattern::AllReduce;
+  constexpr bool nvfp4 = P == fiar::Pattern::ResidualRmsNormNvfp4;
+  const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
+  const std::size_t sf_bytes = fiar::algo::nvfp4_scale_bytes(o.tokens, o.hidden, fiar::ScaleLayout::Swizzled128x4);
+  const float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;  // nvfp4 global scale, or the static fp8 scale
+  std::vector<T> host_in(count), host_out(count), residual(count), gamma(static_cast<std::size_t>(o.hidden)), norm(count),
+      residual_out(count);
+  std::vector<std::uint8_t> quant(quant_bytes), block_scales(sf_bytes);
+  std::vector<float> scale_out(static_cast<std::size_t>(o.tokens));
+  for (int h = 0; h < o.hidden; ++h) gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * static_cast<float>(h % 5));
+  fiar::FusedArgs<T> a;
+  a.num_tokens = o.tokens;
+  a.in = static_cast<T*>(mem.alloc(bytes));
+  if constexpr (!fused) {
+    a.out = static_cast<T*>(mem.alloc(bytes));
+  } else {
+    a.residual_in = static_cast<T*>(mem.alloc(bytes));
+    a.residual_out = static_cast<T*>(mem.alloc(bytes));
+    a.gamma = static_cast<T*>(mem.alloc(static_cast<std::size_t>(o.hidden) * sizeof(T)));
+    a.norm_out = static_cast<T*>(mem.alloc(bytes));
+    a.eps = 1e-6f;
+    mem.upload(const_cast<T*>(a.gamma), gamma.data(), gamma.size() * sizeof(T));
   }
-  res.last_bytes.resize(count * sizeof(T));
-  std::memcpy(res.last_bytes.data(), static_cast<const void*>(host_out.data()), res.last_bytes.size());
+  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8 || nvfp4) {
+    float* s = static_cast<float*>(mem.alloc(sizeof(float)));
+    mem.upload(s, &scale, sizeof(float));
+    a.scale = s;
+  }
+  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8 || P == fiar::Pattern::ResidualRmsNormFp8Dynamic || nvfp4) {
+    a.quant_out = mem.alloc(quant_bytes);
+  }
+  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Dynamic) a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
+  if constexpr (nvfp4) a.block_scale_out = mem.alloc(sf_bytes);
+  mem.sync();
+  for (int it = 0; it < o.iterations; ++it) {
+    for (std::size_t i = 0; i < count; ++i) {
+      host_in[i] = round_to<T>(input_value(topo.rank, it, i));
+      residual[i] = round_to<T>(input_value(1000, it, i));
+    }
+    mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
+    if constexpr (fused) mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
+    ws.template run<P>(a, mem.stream(), o.strategy);
+    mem.sync();
+    ws.check();
+    if constexpr (!fused) {
+      mem.download(host_out.data(), a.out, bytes);
+      verify<T>(host_out, topo.world_size, it, res);
+    } else {
+      mem.download(residual_out.data(), a.residual_out, bytes);
+      mem.download(norm.data(), a.norm_out, bytes);
+      if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
+      if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
+      if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
+      verify_fused<T>(o, topo.world_size, it, residual, gamma, residual_out, norm, quant, scale_out, block_scales, scale, res);
+    }
+  }
+  auto append = [&res](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    res.last_bytes.insert(res.last_bytes.end(), b, b + n);
+  };
+  if constexpr (!fused) {
+    append(host_out.data(), bytes);
+  } else {
+    append(residual_out.data(), bytes);
+    append(norm.data(), bytes);
+    append(quant.data(), quant.size());
+    append(scale_out.data(), scale_out.size() * 4);
+    append(block_scales.data(), block_scales.size());
+  }
   return res;
+}
+
+template <class T, class Platform>
+RankResult run_pattern(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, const Options& o,
+                       const typename Platform::Options& popts, Memory& mem) {
+  switch (o.pattern) {
+    case fiar::Pattern::AllReduce: return run_rank<fiar::Pattern::AllReduce, T, Platform>(boot, topo, o, popts, mem);
+    case fiar::Pattern::ResidualRmsNorm:
+      return run_rank<fiar::Pattern::ResidualRmsNorm, T, Platform>(boot, topo, o, popts, mem);
+    case fiar::Pattern::ResidualRmsNormFp8:
+      return run_rank<fiar::Pattern::ResidualRmsNormFp8, T, Platform>(boot, topo, o, popts, mem);
+    case fiar::Pattern::ResidualRmsNormFp8Dynamic:
+      return run_rank<fiar::Pattern::ResidualRmsNormFp8Dynamic, T, Platform>(boot, topo, o, popts, mem);
+    case fiar::Pattern::ResidualRmsNormNvfp4:
+      return run_rank<fiar::Pattern::ResidualRmsNormNvfp4, T, Platform>(boot, topo, o, popts, mem);
+  }
+  throw std::logic_error("unknown pattern");
 }
 
 template <class T>
@@ -293,6 +507,17 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
     return kExitRejected;
   }
 
+  if (o.pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
+    const char* why = std::is_same_v<T, float>  ? "it takes 16-bit input; pass --dtype half or bf16"
+                      : topo.arch < 100         ? "it needs sm_100 or newer (on the host emulator: --arch sm_100)"
+                      : o.hidden % 16 != 0      ? "it needs a hidden size that is a multiple of 16"
+                                                : nullptr;
+    if (why != nullptr) {
+      std::fprintf(stderr, "fiar-demo: residual_rmsnorm_nvfp4 cannot run here (%s, %s): %s.\n",
+                   std::string(fiar::dtype_name<T>()).c_str(), fiar::arch_name(topo.arch).c_str(), why);
+      return kExitRejected;
+    }
+  }
   std::vector<RankResult> results(static_cast<std::size_t>(world));
   fiar::InProcessGroup group(world);
   const auto start = std::chrono::steady_clock::now();
@@ -306,40 +531,15 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
       auto boot = group.bootstrap(r);
       try {
         if (platform == "host") {
-          auto buffers = [](std::size_t count) {
-            auto in = std::make_shared<std::vector<T>>(count);
-            auto outv = std::make_shared<std::vector<T>>(count);
-            return std::make_tuple(in->data(), outv->data(), cudaStream_t{nullptr},
-                                   [in](const std::vector<T>& h) { *in = h; },
-                                   [outv](std::vector<T>& h) { h = *outv; }, [] {});
-          };
-          out = run_rank<T, fiar::HostPlatform>(boot, mine, o, fiar::HostPlatformOptions{}, buffers);
+          HostMemory mem;
+          out = run_pattern<T, fiar::HostPlatform>(boot, mine, o, fiar::HostPlatformOptions{}, mem);
         } else {
           if (const cudaError_t e = cudaSetDevice(r % gpus); e != cudaSuccess) {
             throw std::runtime_error("fiar-demo: cudaSetDevice(" + std::to_string(r % gpus) + ") on rank " +
                                      std::to_string(r) + ": " + fiar::detail::describe_cuda(e));
           }
-          T* d_in = nullptr;
-          T* d_out = nullptr;
-          cudaStream_t stream = nullptr;
-          const std::size_t bytes = static_cast<std::size_t>(o.tokens) * o.hidden * sizeof(T);
-          if (cudaMalloc(&d_in, bytes) != cudaSuccess || cudaMalloc(&d_out, bytes) != cudaSuccess ||
-              cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-            const cudaError_t e = cudaGetLastError();
-            throw std::runtime_error("fiar-demo: cudaMalloc / cudaStreamCreate failed on rank " + std::to_string(r) +
-                                     ": " + fiar::detail::describe_cuda(e) + ". Check free GPU memory (nvidia-smi).");
-          }
-          auto buffers = [&](std::size_t) {
-            return std::make_tuple(
-                d_in, d_out, stream,
-                [&](const std::vector<T>& h) { cudaMemcpyAsync(d_in, h.data(), bytes, cudaMemcpyHostToDevice, stream); },
-                [&](std::vector<T>& h) { cudaMemcpy(h.data(), d_out, bytes, cudaMemcpyDeviceToHost); },
-                [&] { cudaStreamSynchronize(stream); });
-          };
-          out = run_rank<T, fiar::CudaPlatform>(boot, mine, o, fiar::CudaPlatformOptions{}, buffers);
-          cudaFree(d_in);
-          cudaFree(d_out);
-          cudaStreamDestroy(stream);
+          DeviceMemory mem(r);
+          out = run_pattern<T, fiar::CudaPlatform>(boot, mine, o, fiar::CudaPlatformOptions{}, mem);
         }
       } catch (const std::exception& e) {
         out.error = e.what();
@@ -353,6 +553,7 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
     const std::size_t threshold = fiar::default_oneshot_max_bytes(topo.arch, world);
     strategy_ran = o.strategy != fiar::Strategy::Auto ? o.strategy : fiar::choose_strategy(world, o.tokens, bytes, threshold);
   }
+  std::printf("pattern: %s\n", fiar::to_string(o.pattern));
   std::printf("shape: %d tokens x %d hidden, %s, %d iteration(s), strategy %s -> %s\n", o.tokens, o.hidden,
               std::string(fiar::dtype_name<T>()).c_str(), o.iterations, std::string(fiar::to_string(o.strategy)).c_str(),
               std::string(fiar::to_string(strategy_ran)).c_str());

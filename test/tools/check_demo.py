@@ -25,8 +25,21 @@ CASES = [
     (HOST + ["--dtype", "half", "--hidden", "12", "--tokens", "2"], 2, [r"hidden_dim = 12 for half"]),
     (HOST + ["--tokens", "0"], 2, [r"--tokens '0': expected an integer >= 1"]),
     (HOST + ["--dtype", "fp8"], 2, [r"expected one of float, half, bf16"]),
-    (HOST + ["--pattern", "residual_rmsnorm"], 2, [r"expected one of allreduce"]),
+    (HOST + ["--pattern", "rmsnorm"], 2, [r"expected one of allreduce, residual_rmsnorm"]),
+    # NVFP4 needs 16-bit input and sm_100: rejected before anything runs, never silent zeros.
+    (HOST + SMALL + ["--pattern", "residual_rmsnorm_nvfp4", "--dtype", "float", "--arch", "sm_100"], 2,
+     [r"it takes 16-bit input"]),
+    (HOST + SMALL + ["--pattern", "residual_rmsnorm_nvfp4", "--dtype", "bf16"], 2, [r"needs sm_100 or newer"]),
 ]
+# Every fused pattern x dtype x strategy, verified against the reference.
+for pattern in ("residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp8_dynamic", "residual_rmsnorm_nvfp4"):
+    for dtype in ("float", "half", "bf16"):
+        if pattern.endswith("nvfp4") and dtype == "float":
+            continue
+        for strategy in ("oneshot", "twoshot"):
+            CASES.append((HOST + ["--pattern", pattern, "--dtype", dtype, "--strategy", strategy, "--arch", "sm_100",
+                                  "--tokens", "6", "--hidden", "256", "--iterations", "2", "--world-size", "4"], 0,
+                          [r"pattern: %s" % pattern, r"fiar-demo: PASS"]))
 # Every dtype x strategy x several world sizes, verified against the reference.
 for dtype in ("float", "half", "bf16"):
     for strategy in ("oneshot", "twoshot", "auto"):
