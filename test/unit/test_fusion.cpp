@@ -1,5 +1,6 @@
 // Fused epilogues on the host emulator: residual add + RMSNorm, static and dynamic FP8, NVFP4 (swizzled
-// and linear scales), against a plain C++ reference (fp64 where the kernel's reduction order is free).
+// and linear scales), against the plain C++ reference of test/common/fusion_reference.hpp (fp64 where the
+// kernel's reduction order is free). test/gpu/test_gpu_fusion.cu runs the same checks on real GPUs.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>
 
@@ -9,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/fusion_reference.hpp"
 #include "../common/reference.hpp"
 
 using namespace std::chrono_literals;
@@ -17,49 +19,16 @@ using fiar::Strategy;
 using fiar_test::as_float;
 using fiar_test::bits;
 using fiar_test::from_float;
+using fiar_test::check_pattern;
+using fiar_test::gamma_of;
+using fiar_test::Outputs;
+using fiar_test::residual_of;
+using fiar_test::Shape;
 
 namespace {
 
 template <class T>
 using HostWorkspace = fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform>;
-
-std::uint8_t fp8(float x) { return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)); }
-float fp8_value(std::uint8_t q) {
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q), __NV_E4M3)));
-}
-std::uint8_t fp4(float x) {
-  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest) & 0xf);
-}
-
-// The swizzled 128x4 offset, restated from the layout's definition.
-std::size_t swizzled_offset(int m, int k, int cols) {
-  const int k_tiles = (cols + 3) / 4;
-  return static_cast<std::size_t>(m / 128) * k_tiles * 512 + static_cast<std::size_t>(k / 4) * 512 + (m % 32) * 16 +
-         ((m % 128) / 32) * 4 + (k % 4);
-}
-
-struct Shape {
-  int world, tokens, hidden;
-};
-
-// What every rank produced for one call.
-template <class T>
-struct Outputs {
-  std::vector<T> out, residual_out, norm_out;
-  std::vector<std::uint8_t> quant, block_scales;
-  std::vector<float> scale_out;
-};
-
-template <class T>
-std::vector<T> residual_of(std::size_t count, int call) {
-  return fiar_test::make_input<T>(count, 1000, call, false);
-}
-template <class T>
-std::vector<T> gamma_of(int hidden) {
-  std::vector<T> g(static_cast<std::size_t>(hidden));
-  for (int i = 0; i < hidden; ++i) g[static_cast<std::size_t>(i)] = from_float<T>(0.5f + 0.25f * static_cast<float>((i * 7) % 9) / 8.0f);
-  return g;
-}
 
 // Runs pattern P once on every rank (host emulator) and returns each rank's outputs.
 template <Pattern P, class T>
@@ -136,120 +105,6 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
   for (auto& t : threads) t.join();
   for (const auto& e : errors) REQUIRE(e == "");
   return result;
-}
-
-// Checks rank 0's outputs (and that every rank's are identical) against the reference.
-template <Pattern P, class T>
-void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool with_norm_out, fiar::ScaleLayout layout,
-                   float weight_bias, float scale) {
-  const std::size_t count = static_cast<std::size_t>(s.tokens) * s.hidden;
-  for (std::size_t r = 1; r < outs.size(); ++r) {
-    CHECK(outs[r].residual_out.size() == outs[0].residual_out.size());
-    CHECK(std::equal(outs[r].norm_out.begin(), outs[r].norm_out.end(), outs[0].norm_out.begin(),
-                     [](T a, T b) { return bits(a) == bits(b); }));
-    CHECK(outs[r].quant == outs[0].quant);
-    CHECK(outs[r].block_scales == outs[0].block_scales);
-    CHECK(outs[r].scale_out == outs[0].scale_out);
-  }
-  std::vector<std::vector<T>> inputs;
-  for (int r = 0; r < s.world; ++r) inputs.push_back(fiar_test::make_input<T>(count, r, 0, false));
-  const std::vector<T> sum = fiar_test::rank_order_sum(inputs, count);
-  const Outputs<T>& o = outs[0];
-  int mismatches = 0;
-  if constexpr (P == Pattern::AllReduce) {
-    for (std::size_t i = 0; i < count; ++i) mismatches += bits(o.out[i]) != bits(sum[i]);
-    CHECK(mismatches == 0);
-    return;
-  } else {
-    const std::vector<T> residual = residual_of<T>(count, 0);
-    const std::vector<T> gamma = gamma_of<T>(s.hidden);
-    const double ulp = fiar_test::unit_roundoff<T>() * 2;
-    for (int t = 0; t < s.tokens; ++t) {
-      // Residual add: bit-exact (one fp32 add, one rounding).
-      std::vector<T> y(static_cast<std::size_t>(s.hidden));
-      double squares = 0;
-      for (int h = 0; h < s.hidden; ++h) {
-        const std::size_t i = static_cast<std::size_t>(t) * s.hidden + h;
-        y[static_cast<std::size_t>(h)] = from_float<T>(as_float(sum[i]) + as_float(residual[i]));
-        mismatches += bits(o.residual_out[i]) != bits(y[static_cast<std::size_t>(h)]);
-        squares += static_cast<double>(as_float(y[static_cast<std::size_t>(h)])) * as_float(y[static_cast<std::size_t>(h)]);
-      }
-      const double inv_rms = 1.0 / std::sqrt(squares / s.hidden + 1e-5);
-      // The kernel's norm output (or the reference's, when it wrote none), checked within one ulp of T plus
-      // the fp32 error of the mean of squares.
-      std::vector<float> n(static_cast<std::size_t>(s.hidden));
-      int far = 0;
-      for (int h = 0; h < s.hidden; ++h) {
-        const std::size_t i = static_cast<std::size_t>(t) * s.hidden + h;
-        const double want = as_float(y[static_cast<std::size_t>(h)]) * inv_rms * (weight_bias + as_float(gamma[static_cast<std::size_t>(h)]));
-        if (!o.norm_out.empty()) {
-          const double got = as_float(o.norm_out[i]);
-          if (std::fabs(got - want) > ulp * std::fabs(want) + 1e-6 * std::fabs(want) + 1e-30) ++far;
-          n[static_cast<std::size_t>(h)] = as_float(o.norm_out[i]);
-        }
-      }
-      CHECK(far == 0);
-      CHECK(o.norm_out.empty() == !(with_norm_out || P == Pattern::ResidualRmsNorm));
-      if (o.norm_out.empty()) {
-        // Without norm_out, the FP8 codes are checked against the reference norm: within one e4m3 step
-        // (2^-3 relative, 2^-9 absolute near zero) plus one rounding of T.
-        if constexpr (P == Pattern::ResidualRmsNormFp8) {
-          int off = 0;
-          for (int h = 0; h < s.hidden; ++h) {
-            const double want = as_float(y[static_cast<std::size_t>(h)]) * inv_rms *
-                                (weight_bias + as_float(gamma[static_cast<std::size_t>(h)])) / scale;
-            const double got = fp8_value(o.quant[static_cast<std::size_t>(t) * s.hidden + h]);
-            const double capped = std::max(-448.0, std::min(448.0, want));
-            if (std::fabs(got - capped) > (0.125 + ulp) * std::fabs(capped) + std::ldexp(1.0, -9)) ++off;
-          }
-          CHECK(off == 0);
-        }
-        continue;  // the exact checks below use the kernel's own norm values
-      }
-      if constexpr (P == Pattern::ResidualRmsNormFp8) {
-        for (int h = 0; h < s.hidden; ++h) {
-          mismatches += o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] * (1.0f / scale));
-        }
-      } else if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) {
-        float amax = 0;
-        for (float x : n) amax = std::max(amax, std::fabs(x));
-        const float token_scale = std::max(amax / 448.0f, 1.0f / (512.0f * 448.0f));
-        CHECK(o.scale_out[static_cast<std::size_t>(t)] == token_scale);
-        for (int h = 0; h < s.hidden; ++h) {
-          mismatches += o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] / token_scale);
-        }
-      } else if constexpr (P == Pattern::ResidualRmsNormNvfp4) {
-        const int cols = s.hidden / 16;
-        for (int k = 0; k < cols; ++k) {
-          float amax = 0;
-          for (int j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(n[static_cast<std::size_t>(k * 16 + j)]));
-          const std::uint8_t sf = fp8(scale * amax / 6.0f);
-          const std::size_t at = layout == fiar::ScaleLayout::Linear ? static_cast<std::size_t>(t) * cols + k
-                                                                     : swizzled_offset(t, k, cols);
-          mismatches += o.block_scales[at] != sf;
-          const float factor = fp8_value(sf) == 0.0f ? 0.0f : scale / fp8_value(sf);
-          for (int j = 0; j < 16; ++j) {
-            const std::uint8_t byte = o.quant[static_cast<std::size_t>(t) * (s.hidden / 2) + (k * 16 + j) / 2];
-            const std::uint8_t nibble = j % 2 == 0 ? (byte & 0xf) : (byte >> 4);
-            mismatches += nibble != fp4(n[static_cast<std::size_t>(k * 16 + j)] * factor);
-          }
-        }
-      }
-    }
-    CHECK(mismatches == 0);
-    if constexpr (P == Pattern::ResidualRmsNormNvfp4) {
-      if (layout == fiar::ScaleLayout::Swizzled128x4) {  // padding rows and columns are zero
-        const int cols = s.hidden / 16, padded_cols = (cols + 3) / 4 * 4, padded_rows = (s.tokens + 127) / 128 * 128;
-        int nonzero = 0;
-        for (int m = 0; m < padded_rows; ++m) {
-          for (int k = 0; k < padded_cols; ++k) {
-            if ((m >= s.tokens || k >= cols) && o.block_scales[swizzled_offset(m, k, cols)] != 0) ++nonzero;
-          }
-        }
-        CHECK(nonzero == 0);
-      }
-    }
-  }
 }
 
 template <Pattern P, class T>
