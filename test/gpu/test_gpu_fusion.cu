@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 #include <fiar/fiar.cuh>
 
+#include "gpu_support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -25,16 +27,12 @@ using fiar::Strategy;
 
 namespace {
 
+using fiar_test::DeviceBuffer;
+using fiar_test::Stream;
+
 template <class T>
 using GpuWorkspace = fiar::Workspace<fiar::TrtllmPolicy, T, fiar::CudaPlatform>;
 
-#define GPU_CHECK(call)                                                                                    \
-  do {                                                                                                     \
-    const cudaError_t gpu_check_status = (call);                                                           \
-    if (gpu_check_status != cudaSuccess) {                                                                 \
-      throw std::runtime_error(std::string(#call) + ": " + fiar::detail::describe_cuda(gpu_check_status)); \
-    }                                                                                                      \
-  } while (0)
 
 // The parameters every call uses (those of the host tests' default case).
 constexpr float kScale = 0.75f;       // static FP8 scale, NVFP4 global scale
@@ -49,25 +47,6 @@ int device0_arch() {
   return major * 10 + minor;
 }
 
-// A device buffer that frees itself.
-template <class T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  explicit DeviceBuffer(std::size_t count) {
-    GPU_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(count, 1) * sizeof(T)));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { (void)cudaFree(p); }
-};
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { (void)cudaStreamDestroy(s); }
-};
 
 // One collective call every rank makes.
 struct Case {

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <fiar/fiar.cuh>
 
+#include "gpu_support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -21,16 +23,12 @@ using fiar::Strategy;
 
 namespace {
 
+using fiar_test::DeviceBuffer;
+using fiar_test::Stream;
+
 template <class T>
 using GpuWorkspace = fiar::Workspace<fiar::TrtllmPolicy, T, fiar::CudaPlatform>;
 
-#define GPU_CHECK(call)                                                                                    \
-  do {                                                                                                     \
-    const cudaError_t gpu_check_status = (call);                                                           \
-    if (gpu_check_status != cudaSuccess) {                                                                 \
-      throw std::runtime_error(std::string(#call) + ": " + fiar::detail::describe_cuda(gpu_check_status)); \
-    }                                                                                                      \
-  } while (0)
 
 int device_count() {
   int n = 0;
@@ -67,25 +65,6 @@ void require_no_errors(const std::vector<std::string>& errors) {
   }
 }
 
-// A device buffer that frees itself.
-template <class T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  explicit DeviceBuffer(std::size_t count) {
-    GPU_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(count, 1) * sizeof(T)));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { (void)cudaFree(p); }
-};
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { (void)cudaStreamDestroy(s); }
-};
 
 // A sequence of calls every rank makes, in place, launched back to back on the rank's stream with nothing in
 // between (so a fast rank runs a call ahead of a slow one and the buffer rotation is exercised), then
