@@ -4,6 +4,8 @@
 // Exit status: 0 the choice is valid, 2 it is rejected, 1 usage error.
 #include <fiar/fiar.hpp>
 
+#include "cli.hpp"
+
 #include <charconv>
 #include <cstdio>
 #include <optional>
@@ -14,6 +16,9 @@
 #include <vector>
 
 namespace {
+
+using fiar_cli::parse_int;
+using fiar_cli::UsageError;
 
 constexpr int kExitValid = 0;
 constexpr int kExitUsage = 1;
@@ -39,20 +44,6 @@ choice:
 
 exit status: 0 the choice is valid, 2 it is rejected, 1 usage error
 )";
-
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-int parse_int(std::string_view flag, std::string_view text, int min) {
-  int v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < min) {
-    throw UsageError(std::string(flag) + " " + fiar::detail::quoted(text) + ": expected an integer >= " +
-                     std::to_string(min));
-  }
-  return v;
-}
 
 bool parse_yes_no(std::string_view flag, std::string_view text) {
   if (text == "yes") return true;
@@ -87,19 +78,10 @@ struct Options {
 Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
+    const auto [arg, value] = fiar_cli::next_option(argc, argv, i);
+    if (arg == "--help") {
       o.help = true;
       continue;
-    }
-    std::string value;
-    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg.resize(eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      throw UsageError(arg.rfind("--", 0) == 0 ? arg + " needs a value" : "unexpected argument " + fiar::detail::quoted(arg));
     }
     if (arg == "--nodes") {
       o.nodes = parse_int(arg, value, 1);

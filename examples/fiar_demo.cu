@@ -4,6 +4,8 @@
 // rejected (the std::invalid_argument message on stderr; nothing run).
 #include <fiar/fiar.cuh>
 
+#include "cli.hpp"
+
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -19,6 +21,9 @@
 #include <vector>
 
 namespace {
+
+using fiar_cli::parse_int;
+using fiar_cli::UsageError;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
@@ -45,10 +50,6 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
 exit status: 0 all results matched, 1 mismatch or failure, 2 configuration rejected
 )";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 struct Options {
   std::string platform;  // "" = choose
   std::optional<fiar::Backend> backend;
@@ -63,16 +64,6 @@ struct Options {
   fiar::Strategy strategy = fiar::Strategy::Auto;
   fiar::Pattern pattern = fiar::Pattern::AllReduce;
 };
-
-int parse_int(std::string_view flag, std::string_view text, int min) {
-  int v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < min) {
-    throw UsageError(std::string(flag) + " " + fiar::detail::quoted(text) + ": expected an integer >= " +
-                     std::to_string(min));
-  }
-  return v;
-}
 
 template <class... Choices>
 std::string parse_choice(std::string_view flag, std::string_view text, Choices... choices) {
@@ -99,19 +90,10 @@ bool usable_gpu(int& count, std::string& why) {
 Options parse(int argc, char** argv, bool& help) {
   Options o;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
+    const auto [arg, value] = fiar_cli::next_option(argc, argv, i);
+    if (arg == "--help") {
       help = true;
       continue;
-    }
-    std::string value;
-    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg.resize(eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      throw UsageError(arg.rfind("--", 0) == 0 ? arg + " needs a value" : "unexpected argument " + fiar::detail::quoted(arg));
     }
     if (arg == "--platform") {
       o.platform = parse_choice(arg, value, "host", "cuda");

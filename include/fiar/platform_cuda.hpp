@@ -223,17 +223,9 @@ struct CudaPlatform {
     detail::capture_failure(
         [&] {
           require_ready();
-          detail::DeviceGuard guard(device_);
-          const std::size_t rounded = std::max<std::size_t>((bytes + 255) / 256 * 256, 256);
-          void* block = nullptr;
-          detail::cuda_check(cudaMalloc(&block, rounded),
-                             "cudaMalloc(" + std::to_string(rounded) + " bytes) on device " + std::to_string(device_),
-                             "free GPU memory (nvidia-smi); lower max_token_num or hidden_dim to shrink the workspace");
-          shared_.push_back(block);
-          detail::cuda_check(cudaMemsetAsync(block, 0, rounded, stream_), "cudaMemsetAsync (zeroing the workspace)",
-                             "the device is healthy");
-          detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (zeroing the workspace)",
-                             "the device is healthy; an earlier kernel may have faulted");
+          void* block = allocate_zeroed(bytes, shared_, "the workspace",
+                                        "free GPU memory (nvidia-smi); lower max_token_num or hidden_dim to shrink "
+                                        "the workspace");
           mine.pointer = reinterpret_cast<std::uintptr_t>(block);
           // Only ranks in other processes need the handle; an export failure is theirs to report.
           const cudaError_t exported = cudaIpcGetMemHandle(&mine.handle, block);
@@ -269,18 +261,7 @@ struct CudaPlatform {
   /// Device memory only this rank's kernels use (protocol state), zero-filled.
   void* allocate_local(std::size_t bytes) {
     require_ready();
-    detail::DeviceGuard guard(device_);
-    const std::size_t rounded = std::max<std::size_t>((bytes + 255) / 256 * 256, 256);
-    void* p = nullptr;
-    detail::cuda_check(cudaMalloc(&p, rounded),
-                       "cudaMalloc(" + std::to_string(rounded) + " bytes) on device " + std::to_string(device_),
-                       "free GPU memory (nvidia-smi)");
-    locals_.push_back(p);
-    detail::cuda_check(cudaMemsetAsync(p, 0, rounded, stream_), "cudaMemsetAsync (zeroing protocol state)",
-                       "the device is healthy");
-    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (zeroing protocol state)",
-                       "the device is healthy; an earlier kernel may have faulted");
-    return p;
+    return allocate_zeroed(bytes, locals_, "protocol state", "free GPU memory (nvidia-smi)");
   }
 
   /// Memory the kernels write and the host reads without synchronizing (error records), zero-filled:
@@ -413,6 +394,22 @@ struct CudaPlatform {
   [[nodiscard]] const Options& options() const { return options_; }
 
  private:
+  // cudaMalloc (rounded up to 256 bytes) on this rank's device, zero-filled and synchronized, owned by
+  // `owner`. `what` names the memory in error messages; `hint` is what to check when the allocation fails.
+  void* allocate_zeroed(std::size_t bytes, std::vector<void*>& owner, const std::string& what, const char* hint) {
+    detail::DeviceGuard guard(device_);
+    const std::size_t rounded = std::max<std::size_t>((bytes + 255) / 256 * 256, 256);
+    void* p = nullptr;
+    detail::cuda_check(cudaMalloc(&p, rounded),
+                       "cudaMalloc(" + std::to_string(rounded) + " bytes) on device " + std::to_string(device_), hint);
+    owner.push_back(p);
+    detail::cuda_check(cudaMemsetAsync(p, 0, rounded, stream_), "cudaMemsetAsync (zeroing " + what + ")",
+                       "the device is healthy");
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (zeroing " + what + ")",
+                       "the device is healthy; an earlier kernel may have faulted");
+    return p;
+  }
+
   void require_ready() const {
     if (!init_error_.empty()) {
       if (init_status_ < 0) throw std::invalid_argument(init_error_);
