@@ -174,6 +174,10 @@ void run_case(GpuWorkspace<T>& ws, RankBuffers<T>& b, cudaStream_t stream, const
     ws.template run<P>(a, stream, c.strategy);
   }
   result.ran = ws.last_strategy();
+  // Wait for the kernel before copying back: a device-to-host copy into pageable memory blocks this thread
+  // inside the runtime while its kernel waits for peers that share the GPU, and those peers' threads may
+  // need the runtime to launch (docs/troubleshooting.md, "ranks sharing one GPU").
+  GPU_CHECK(cudaStreamSynchronize(stream));
 
   fiar_test::Outputs<T>& o = result.outputs;
   if constexpr (P == Pattern::AllReduce) {

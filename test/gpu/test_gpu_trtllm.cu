@@ -121,6 +121,7 @@ void run_and_check(const Plan& plan) {
     }
     auto& out = outputs[static_cast<std::size_t>(rank)];
     out.resize(stride * static_cast<std::size_t>(calls));
+    GPU_CHECK(cudaStreamSynchronize(stream.s));  // the calls first, then the pageable copy
     GPU_CHECK(cudaMemcpyAsync(out.data(), data.p, out.size() * sizeof(T), cudaMemcpyDeviceToHost, stream.s));
     GPU_CHECK(cudaStreamSynchronize(stream.s));
     ws.check();
@@ -251,6 +252,7 @@ TEST_CASE("a CUDA graph of all-reduces replays with the rotation advancing on th
         for (int i = 0; i < kReplays; ++i) {
           GPU_CHECK(cudaMemsetAsync(d_out.p, 0xff, 3 * count * sizeof(__nv_bfloat16), stream.s));
           GPU_CHECK(cudaGraphLaunch(exec, stream.s));
+          GPU_CHECK(cudaStreamSynchronize(stream.s));  // the replay first, then the pageable copy
           GPU_CHECK(cudaMemcpyAsync(out.data(), d_out.p, out.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost,
                                     stream.s));
           GPU_CHECK(cudaStreamSynchronize(stream.s));
