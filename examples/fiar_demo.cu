@@ -36,7 +36,9 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
   --world-size N            ranks (default: GPUs present, else 4); on cuda, ranks beyond the GPU count
                             share GPUs (several ranks per GPU)
   --nodes N                 nodes the host emulator reports (default 1)
-  --multicast yes|no        NVLink multicast the host emulator reports (default no)
+  --multicast yes|no|broken NVLink multicast on the host emulator (default no); broken: reported by the
+                            topology but its setup fails on the machine (bridged NVLink), which shows
+                            auto's fallback from mnnvl to trtllm
   --arch sm_90|sm_100       architecture the host emulator reports (default sm_90)
   --dtype float|half|bf16   element type (default bf16)
   --tokens N                tokens per call (default 16)
@@ -55,7 +57,8 @@ struct Options {
   std::optional<fiar::Backend> backend;
   std::optional<int> world_size;
   int nodes = 1;
-  bool multicast = false;
+  bool multicast = false;         // the topology reports multicast
+  bool multicast_broken = false;  // ... but setting it up fails on the (emulated) machine
   int arch = 90;
   std::string dtype = "bf16";
   int tokens = 16;
@@ -104,7 +107,9 @@ Options parse(int argc, char** argv, bool& help) {
     } else if (arg == "--nodes") {
       o.nodes = parse_int(arg, value, 1);
     } else if (arg == "--multicast") {
-      o.multicast = parse_choice(arg, value, "yes", "no") == "yes";
+      const std::string m = parse_choice(arg, value, "yes", "no", "broken");
+      o.multicast = m != "no";
+      o.multicast_broken = m == "broken";
     } else if (arg == "--arch") {
       o.arch = parse_choice(arg, value, "sm_90", "sm_100") == "sm_90" ? 90 : 100;
     } else if (arg == "--dtype") {
@@ -151,6 +156,9 @@ double unit_roundoff() {
 }
 
 struct RankResult {
+  fiar::Backend backend = fiar::Backend::Auto;  // what ran
+  bool fell_back = false;
+  fiar::Strategy strategy = fiar::Strategy::Auto;  // what the last call ran
   long mismatches = 0;
   double max_error = 0;
   std::vector<unsigned char> last_bytes;  // the last outputs, to compare across ranks
@@ -316,9 +324,12 @@ void verify_fused(const Options& o, int world, int it, const std::vector<T>& res
 
 template <fiar::Pattern P, class T, class Platform>
 RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, const Options& o,
-                    const typename Platform::Options& popts, Memory& mem) {
+                    fiar::Backend requested, const typename Platform::Options& popts, Memory& mem) {
   RankResult res;
-  fiar::Workspace<fiar::TrtllmPolicy, T, Platform> ws(boot, topo, demo_config(o), popts);
+  // The backend every rank agrees on (with auto's fallback from mnnvl to trtllm where allowed).
+  auto ws = fiar::make_workspace<T, Platform>(boot, topo, demo_config(o), requested, popts);
+  res.backend = ws.backend();
+  res.fell_back = ws.fell_back();
   const std::size_t count = static_cast<std::size_t>(o.tokens) * o.hidden;
   const std::size_t bytes = count * sizeof(T);
   constexpr bool fused = P != fiar::Pattern::AllReduce;
@@ -365,6 +376,7 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
     ws.template run<P>(a, mem.stream(), o.strategy);
     mem.sync();
     ws.check();
+    res.strategy = ws.last_strategy();
     if constexpr (!fused) {
       mem.download(host_out.data(), a.out, bytes);
       verify<T>(host_out, topo.world_size, it, res);
@@ -395,17 +407,18 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
 
 template <class T, class Platform>
 RankResult run_pattern(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, const Options& o,
-                       const typename Platform::Options& popts, Memory& mem) {
+                       fiar::Backend requested, const typename Platform::Options& popts, Memory& mem) {
+  using fiar::Pattern;
   switch (o.pattern) {
-    case fiar::Pattern::AllReduce: return run_rank<fiar::Pattern::AllReduce, T, Platform>(boot, topo, o, popts, mem);
-    case fiar::Pattern::ResidualRmsNorm:
-      return run_rank<fiar::Pattern::ResidualRmsNorm, T, Platform>(boot, topo, o, popts, mem);
-    case fiar::Pattern::ResidualRmsNormFp8:
-      return run_rank<fiar::Pattern::ResidualRmsNormFp8, T, Platform>(boot, topo, o, popts, mem);
-    case fiar::Pattern::ResidualRmsNormFp8Dynamic:
-      return run_rank<fiar::Pattern::ResidualRmsNormFp8Dynamic, T, Platform>(boot, topo, o, popts, mem);
-    case fiar::Pattern::ResidualRmsNormNvfp4:
-      return run_rank<fiar::Pattern::ResidualRmsNormNvfp4, T, Platform>(boot, topo, o, popts, mem);
+    case Pattern::AllReduce: return run_rank<Pattern::AllReduce, T, Platform>(boot, topo, o, requested, popts, mem);
+    case Pattern::ResidualRmsNorm:
+      return run_rank<Pattern::ResidualRmsNorm, T, Platform>(boot, topo, o, requested, popts, mem);
+    case Pattern::ResidualRmsNormFp8:
+      return run_rank<Pattern::ResidualRmsNormFp8, T, Platform>(boot, topo, o, requested, popts, mem);
+    case Pattern::ResidualRmsNormFp8Dynamic:
+      return run_rank<Pattern::ResidualRmsNormFp8Dynamic, T, Platform>(boot, topo, o, requested, popts, mem);
+    case Pattern::ResidualRmsNormNvfp4:
+      return run_rank<Pattern::ResidualRmsNormNvfp4, T, Platform>(boot, topo, o, requested, popts, mem);
   }
   throw std::logic_error("unknown pattern");
 }
@@ -454,38 +467,25 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
     std::fprintf(stderr, "%s\n", e.what());
     return kExitRejected;
   }
-  fiar::Backend backend = res.backend;
   std::string why = requested == fiar::Backend::Auto ? "auto" : "requested";
-  if (requested == fiar::Backend::Auto && backend != fiar::Backend::Trtllm) {
+  if (requested == fiar::Backend::Auto) {
     for (fiar::Backend b : {fiar::Backend::Mnnvl, fiar::Backend::Trtllm}) {
-      if (b == backend) break;
+      if (b == res.backend) break;
       why += "; " + std::string(fiar::to_string(b)) + " cannot run: " + fiar::why_not(b, topo);
     }
   }
-  if (backend != fiar::Backend::Trtllm) {
-    // This version implements the trtllm backend; mnnvl and nccl workspaces come with the next release.
-    if (res.allow_trtllm_fallback) {
-      std::printf("backend: %s chosen (%s), but this fiar version has no %s workspace yet: falling back to trtllm, "
-                  "as the resolution allows on one node\n",
-                  std::string(fiar::to_string(backend)).c_str(), why.c_str(), std::string(fiar::to_string(backend)).c_str());
-      backend = fiar::Backend::Trtllm;
-    } else {
-      std::printf("backend: %s (%s)\n", std::string(fiar::to_string(backend)).c_str(), why.c_str());
-      const bool trtllm_possible = fiar::can_run_on(fiar::Backend::Trtllm, topo);
-      std::fprintf(stderr, "fiar-demo: the %s backend is not available in fiar %s yet (this version runs trtllm). %s\n",
-                   std::string(fiar::to_string(backend)).c_str(), fiar::version_string,
-                   trtllm_possible ? "Fix: pass --backend trtllm, which can run on this topology."
-                                   : ("Fix: demonstrate on a topology trtllm can run on (one node, peer access, at most "
-                                      "16 ranks); here trtllm cannot run: " + fiar::why_not(fiar::Backend::Trtllm, topo) + ".")
-                                         .c_str());
-      return kExitRejected;
-    }
-  } else {
-    std::printf("backend: trtllm (%s)\n", why.c_str());
+  std::printf("backend: %s (%s%s)\n", std::string(fiar::to_string(res.backend)).c_str(), why.c_str(),
+              res.allow_trtllm_fallback ? "; trtllm if multicast setup fails" : "");
+  // The configuration against the chosen backend's limits, before any rank starts.
+  std::string config_error;
+  const fiar::WorkspaceConfig cfg = demo_config(o);
+  switch (res.backend) {
+    case fiar::Backend::Mnnvl: config_error = fiar::Workspace<fiar::MnnvlPolicy, T, fiar::HostPlatform>::why_not(topo, cfg); break;
+    case fiar::Backend::Nccl: config_error = fiar::Workspace<fiar::NcclPolicy, T, fiar::HostPlatform>::why_not(topo, cfg); break;
+    default: config_error = fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform>::why_not(topo, cfg); break;
   }
-  if (std::string e = fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform>::why_not(topo, demo_config(o));
-      !e.empty()) {
-    std::fprintf(stderr, "%s\n", e.c_str());
+  if (!config_error.empty()) {
+    std::fprintf(stderr, "%s\n", config_error.c_str());
     return kExitRejected;
   }
 
@@ -501,10 +501,10 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
     }
   }
   std::vector<RankResult> results(static_cast<std::size_t>(world));
+  std::fflush(stdout);  // fiar's warnings (stderr) come after what was printed so far
   fiar::InProcessGroup group(world);
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
-  fiar::Strategy strategy_ran = fiar::Strategy::Auto;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       auto& out = results[static_cast<std::size_t>(r)];
@@ -514,14 +514,16 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
       try {
         if (platform == "host") {
           HostMemory mem;
-          out = run_pattern<T, fiar::HostPlatform>(boot, mine, o, fiar::HostPlatformOptions{}, mem);
+          fiar::HostPlatformOptions popts;
+          popts.multicast = o.multicast && !o.multicast_broken;
+          out = run_pattern<T, fiar::HostPlatform>(boot, mine, o, requested, popts, mem);
         } else {
           if (const cudaError_t e = cudaSetDevice(r % gpus); e != cudaSuccess) {
             throw std::runtime_error("fiar-demo: cudaSetDevice(" + std::to_string(r % gpus) + ") on rank " +
                                      std::to_string(r) + ": " + fiar::detail::describe_cuda(e));
           }
           DeviceMemory mem(r);
-          out = run_pattern<T, fiar::CudaPlatform>(boot, mine, o, fiar::CudaPlatformOptions{}, mem);
+          out = run_pattern<T, fiar::CudaPlatform>(boot, mine, o, requested, fiar::CudaPlatformOptions{}, mem);
         }
       } catch (const std::exception& e) {
         out.error = e.what();
@@ -530,15 +532,16 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
   }
   for (auto& t : threads) t.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  {
-    const std::size_t bytes = static_cast<std::size_t>(o.tokens) * o.hidden * sizeof(T);
-    const std::size_t threshold = fiar::default_oneshot_max_bytes(topo.arch, world);
-    strategy_ran = o.strategy != fiar::Strategy::Auto ? o.strategy : fiar::choose_strategy(world, o.tokens, bytes, threshold);
+  const RankResult& first = results[0];
+  if (first.error.empty()) {
+    std::printf("ran: %s%s\n", std::string(fiar::to_string(first.backend)).c_str(),
+                first.fell_back ? " (mnnvl's multicast setup failed; fell back to trtllm, see the warning above)" : "");
   }
   std::printf("pattern: %s\n", fiar::to_string(o.pattern));
   std::printf("shape: %d tokens x %d hidden, %s, %d iteration(s), strategy %s -> %s\n", o.tokens, o.hidden,
               std::string(fiar::dtype_name<T>()).c_str(), o.iterations, std::string(fiar::to_string(o.strategy)).c_str(),
-              std::string(fiar::to_string(strategy_ran)).c_str());
+              first.backend == fiar::Backend::Nccl ? "nccl (its own algorithm)"
+                                                   : std::string(fiar::to_string(first.strategy)).c_str());
 
   long mismatches = 0;
   double max_error = 0;

@@ -1,6 +1,7 @@
 // fiar/errors.hpp — the exception types fiar raises besides std::invalid_argument.
 // Contract: bad arguments, configurations and topologies raise std::invalid_argument; failed CUDA or
-// NCCL calls raise fiar::cuda_error; an expired bounded wait raises fiar::timeout_error.
+// NCCL calls raise fiar::cuda_error (fiar::multicast_error when multicast setup failed); an expired bounded
+// wait raises fiar::timeout_error.
 #pragma once
 
 #include <stdexcept>
@@ -19,6 +20,14 @@ class cuda_error : public std::runtime_error {
 
  private:
   int status_;
+};
+
+/// The machine cannot set NVLink multicast up for the group (no NVSwitch multicast, no fabric handles across
+/// nodes, a multicast call failed). Thrown on every rank alike by the mnnvl workspace's creation; it is the
+/// one failure after which make_workspace may fall back from an automatic mnnvl choice to trtllm.
+class multicast_error : public cuda_error {
+ public:
+  using cuda_error::cuda_error;
 };
 
 /// A bounded wait expired: a peer rank never arrived (crashed, hung, or is in another collective).

@@ -6,4 +6,5 @@
 
 #include "cuda/device_ctx.cuh"
 #include "cuda/kernels.cuh"
+#include "cuda/epilogue_kernel.cuh"
 #include "fiar.hpp"

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "algo/memory.hpp"
 #include "bootstrap.hpp"
 #include "detail/cuda_check.hpp"
+#include "detail/cuda_multicast.hpp"
 #include "detail/cuda_probe.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
@@ -39,6 +41,9 @@ struct CudaPlatformOptions {
   /// Programmatic dependent launch on sm_90+: the kernel may start while the previous kernel of the stream
   /// finishes, and waits for it (griddepcontrol.wait) before touching any memory.
   bool pdl = true;
+  /// Bounds each wait of the multicast setup (allocate_multicast, mnnvl backend) for a peer process's memory
+  /// handles on a Unix socket (POSIX file descriptors, one node); more than 0.
+  std::chrono::milliseconds handle_exchange_timeout = std::chrono::seconds(30);
 };
 
 /// Grid and block of one launch.
@@ -102,13 +107,24 @@ struct MapStatus {
 };
 
 /// What a rank's failure was, so that every rank rethrows the same exception type.
-enum FailureKind : std::int32_t { kNoFailure = 0, kCudaFailure = 1, kInvalidArgument = 2, kOtherFailure = 3 };
+enum FailureKind : std::int32_t {
+  kNoFailure = 0,
+  kCudaFailure = 1,
+  kInvalidArgument = 2,
+  kOtherFailure = 3,
+  kMulticastFailure = 4,
+  kTimeoutFailure = 5,  ///< a bounded wait of the step expired (the nccl workspace's creation)
+};
 
 /// Runs `step`; a failure is written into (status, kind, error) instead of thrown.
 template <class F, std::size_t N>
 void capture_failure(F&& step, std::int32_t& status, std::int32_t& kind, std::array<char, N>& error) {
   try {
     step();
+  } catch (const multicast_error& e) {
+    status = e.status() == 0 ? -1 : e.status();
+    kind = kMulticastFailure;
+    copy_message(error, e.what());
   } catch (const cuda_error& e) {
     status = e.status() == 0 ? -1 : e.status();
     kind = kCudaFailure;
@@ -116,6 +132,10 @@ void capture_failure(F&& step, std::int32_t& status, std::int32_t& kind, std::ar
   } catch (const std::invalid_argument& e) {
     status = -1;
     kind = kInvalidArgument;
+    copy_message(error, e.what());
+  } catch (const timeout_error& e) {
+    status = -1;
+    kind = kTimeoutFailure;
     copy_message(error, e.what());
   } catch (const std::exception& e) {
     status = -1;
@@ -136,7 +156,9 @@ void rethrow_first_failure(const std::vector<Record>& all, int me, const char* w
                                  ? own
                                  : "fiar: " + std::string(what) + " failed on rank " + std::to_string(r) + ": " + own;
     if (all[r].kind == kInvalidArgument) throw std::invalid_argument(text);
+    if (all[r].kind == kMulticastFailure) throw multicast_error(text, all[r].status);
     if (all[r].kind == kCudaFailure) throw cuda_error(text, all[r].status);
+    if (all[r].kind == kTimeoutFailure) throw timeout_error(text);
     throw std::runtime_error(text);
   }
 }
@@ -151,8 +173,8 @@ void rethrow_first_failure(const std::vector<Record>& all, int me, const char* w
 /// are mapped with CUDA IPC (cudaIpcGetMemHandle / cudaIpcOpenMemHandle). IPC was chosen for the
 /// one-process-per-GPU case because its handles are plain bytes: they travel over any Bootstrap (an NCCL
 /// communicator, MPI, a TCP store) with no Unix-socket rendezvous that can time out or be blocked by a
-/// container. cuMem VMM allocations with fabric or POSIX-fd handles arrive with the mnnvl backend, which
-/// needs them for multicast anyway.
+/// container. The mnnvl backend's multicast regions (allocate_multicast) need cuMem VMM allocations, shared as
+/// fabric handles or POSIX file descriptors (detail/cuda_multicast.hpp).
 ///
 /// Teardown: destroy the workspace on every rank only after the last call has finished on every rank
 /// (synchronize, then a barrier); a peer still running would write into freed memory.
@@ -258,6 +280,63 @@ struct CudaPlatform {
     return peers;
   }
 
+  /// Collective: `bytes` (rounded up to the multicast and allocation granularities) of cuMem memory on this rank's
+  /// GPU, bound to one NVLink multicast object of the group. Returns every rank's memory as mapped here (unicast,
+  /// rank order; this rank's zero-filled) and the group's multicast mapping (view.address; a store through it
+  /// lands in every rank's memory). Rank 0 creates the multicast object; handles reach other processes as fabric
+  /// handles through the bootstrap when every rank can use them (required across nodes: IMEX), else as POSIX file
+  /// descriptors over Unix sockets (one node; each wait bounded by Options::handle_exchange_timeout); ranks of one
+  /// process share handles directly. Throws fiar::multicast_error on every rank alike when any rank cannot take
+  /// part (no multicast on its GPU, no fabric handles across nodes, two ranks on one GPU, a failed driver call).
+  template <Bootstrap B>
+  algo::MulticastRegion allocate_multicast(B& boot, std::size_t bytes) {
+    detail::MulticastSetup setup(multicast_, boot.rank(), boot.size(), options_.handle_exchange_timeout);
+    const char* what = "setting NVLink multicast up";
+    // 1. Capabilities, granularities and where each rank runs; then the plan, which every rank derives alike.
+    detail::MulticastProbe probe{};
+    const detail::ProcessIdentity process = detail::this_process();
+    probe.pid = process.pid;
+    probe.pid_namespace = process.pid_namespace;
+    probe.boot = process.boot;
+    detail::capture_failure(
+        [&] {
+          require_ready();
+          detail::DeviceGuard guard(device_);
+          setup.probe(device_, pci_bus_id_, bytes, probe);
+        },
+        probe.status, probe.kind, probe.error);
+    const auto probes = all_gather_value(boot, probe);
+    detail::rethrow_first_failure(probes, boot.rank(), what);
+    setup.plan(probes);
+    // 2. Memory on every rank, the multicast object on rank 0, exported for other processes.
+    detail::MulticastExport exported{};
+    detail::capture_failure(
+        [&] {
+          detail::DeviceGuard guard(device_);
+          setup.create_and_export(exported);
+        },
+        exported.status, exported.kind, exported.error);
+    const auto exports = all_gather_value(boot, exported);
+    detail::rethrow_first_failure(exports, boot.rank(), what);
+    // 3. Other processes' handles imported (once per process); 4. every device joins the team before any binds;
+    // 5. bind, map the multicast object and every rank's memory here, zero this rank's.
+    algo::MulticastRegion region;
+    const auto phase = [&](auto&& step) {
+      detail::MapStatus status{};
+      detail::capture_failure(
+          [&] {
+            detail::DeviceGuard guard(device_);
+            step();
+          },
+          status.status, status.kind, status.error);
+      detail::rethrow_first_failure(all_gather_value(boot, status), boot.rank(), what);
+    };
+    phase([&] { setup.import_handles(exports); });
+    phase([&] { setup.add_device(); });
+    phase([&] { region = setup.bind_and_map(stream_); });
+    return region;
+  }
+
   /// Device memory only this rank's kernels use (protocol state), zero-filled.
   void* allocate_local(std::size_t bytes) {
     require_ready();
@@ -357,9 +436,12 @@ struct CudaPlatform {
  public:
   /// Launches the trtllm kernel of strategy `s` on `stream` (defined in <fiar/cuda/kernels.cuh>; a program
   /// that uses CudaPlatform compiles at least one translation unit with nvcc that includes <fiar/fiar.cuh>).
-  /// Hidden: a shared object always launches its own kernels, never another object's instantiation.
-  template <Pattern P, ReduceType T>
-  [[gnu::visibility("hidden")]] void launch(Strategy s, const algo::LamportParams<T>& p, cudaStream_t stream);
+  /// Hidden: a shared object always launches its own kernels, never another object's instantiation. Never
+  /// inlined: g++ translation units call the instantiation the nvcc one emits, which a short body inlined into
+  /// every caller there would leave undefined.
+  template <Pattern P, ReduceType T, algo::Transport X = algo::Transport::Unicast>
+  [[gnu::visibility("hidden"), gnu::noinline]] void launch(Strategy s, const algo::LamportParams<T>& p,
+                                                           cudaStream_t stream);
 
   /// Grid and block of a launch: one block per token up to max_blocks(), threads a multiple of 32 covering
   /// one token's 16-byte vectors (32 to 1024).
@@ -480,13 +562,16 @@ struct CudaPlatform {
     ipc_opened_ = std::exchange(other.ipc_opened_, {});
     locals_ = std::exchange(other.locals_, {});
     host_ = std::exchange(other.host_, {});
+    multicast_ = std::move(other.multicast_);
     accepted_ = std::exchange(other.accepted_, {});
     next_accepted_ = other.next_accepted_;
   }
 
   // Frees everything this platform owns; ignores failures (the runtime may be shutting down).
   void release() noexcept {
-    if (device_ < 0 || (stream_ == nullptr && shared_.empty() && locals_.empty() && host_.empty())) return;
+    if (device_ < 0 ||
+        (stream_ == nullptr && shared_.empty() && locals_.empty() && host_.empty() && multicast_.empty()))
+      return;
     int previous = -1;
     if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
     const bool switched = previous != device_ && cudaSetDevice(device_) == cudaSuccess;
@@ -494,6 +579,7 @@ struct CudaPlatform {
       (void)cudaStreamSynchronize(stream_);
       (void)cudaStreamDestroy(stream_);
     }
+    multicast_.release();
     for (void* p : ipc_opened_) (void)cudaIpcCloseMemHandle(p);
     for (void* p : shared_) (void)cudaFree(p);
     for (void* p : locals_) (void)cudaFree(p);
@@ -517,6 +603,7 @@ struct CudaPlatform {
   int init_status_ = 0;
   cudaStream_t stream_ = nullptr;
   std::vector<void*> shared_, ipc_opened_, locals_, host_;
+  detail::MulticastResources multicast_;  ///< allocate_multicast's mappings, bindings and allocations
 };
 
 }  // namespace fiar::inline v0_1

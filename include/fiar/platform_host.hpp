@@ -23,6 +23,7 @@
 #include "algo/lamport.hpp"
 #include "bootstrap.hpp"
 #include "dtype.hpp"
+#include "errors.hpp"
 
 namespace fiar::inline v0_1 {
 
@@ -30,6 +31,9 @@ namespace fiar::inline v0_1 {
 struct HostPlatformOptions {
   int blocks = 2;
   int lanes = 8;
+  /// Whether the emulated machine has NVLink multicast. false: allocate_multicast fails as it does on a
+  /// machine without NVSwitch multicast (fiar::multicast_error on every rank), to exercise the fallback.
+  bool multicast = true;
 };
 
 /// Runs fiar's kernels on the CPU, with the ranks as threads of this process (see docs/design.md).
@@ -42,7 +46,7 @@ class HostPlatform {
 
   /// A bad grid is reported by the first collective (allocate_shared) on every rank alike, so that one
   /// rank's mistake cannot leave its peers waiting.
-  explicit HostPlatform(const Options& options = {}) {
+  explicit HostPlatform(const Options& options = {}) : options_(options) {
     try {
       grid_ = std::make_unique<algo::HostGrid>(options.blocks, options.lanes);
     } catch (const std::invalid_argument& e) {
@@ -101,6 +105,36 @@ class HostPlatform {
     return peers;
   }
 
+  /// Collective: allocate_shared, plus the group's emulated multicast object over those blocks: a store
+  /// through the returned view lands in every rank's block (HostCtx::multicast_store16 plays the switch).
+  /// Throws fiar::multicast_error on every rank alike when any rank's options say the machine has no
+  /// multicast.
+  template <Bootstrap B>
+  algo::MulticastRegion allocate_multicast(B& boot, std::size_t bytes) {
+    const auto support = all_gather_value(boot, static_cast<std::uint8_t>(options_.multicast ? 1 : 0));
+    for (std::size_t r = 0; r < support.size(); ++r) {
+      if (support[r] == 0) {
+        throw multicast_error("fiar: NVLink multicast setup failed: rank " + std::to_string(r) +
+                                  " runs on an (emulated) machine without multicast (HostPlatformOptions::multicast "
+                                  "= false). Fix: use the trtllm backend on one node or nccl across nodes, or "
+                                  "Backend::Auto, which falls back when it may.",
+                              static_cast<int>(cudaErrorNotSupported));
+      }
+    }
+    algo::MulticastRegion region;
+    region.peers = allocate_shared(boot, bytes);
+    members_.push_back(std::make_unique<std::vector<std::uint32_t*>>(region.peers));
+    region.view.address = nullptr;
+    region.view.members = members_.back()->data();
+    region.view.member_count = static_cast<int>(members_.back()->size());
+    region.view.stores = multicast_stores_.get();
+    return region;
+  }
+
+  /// Multicast stores this rank's kernels made so far (the emulator counts them, so tests can check that a
+  /// protocol delivers through multicast what it should).
+  [[nodiscard]] std::uint32_t multicast_stores() const { return algo::SystemAtomics::load_acquire(multicast_stores_.get()); }
+
   /// Memory only this rank's kernels use (protocol state), zero-filled.
   void* allocate_local(std::size_t bytes) {
     locals_.push_back(allocate_words(bytes));
@@ -121,14 +155,18 @@ class HostPlatform {
   /// Checks a caller's data pointer: host memory is all this platform can use, so nothing to check.
   void check_pointer(const void*, const char*) const {}
 
-  template <Pattern P, ReduceType T>
+  template <Pattern P, ReduceType T, algo::Transport X = algo::Transport::Unicast>
   void launch(Strategy s, const algo::LamportParams<T>& p, cudaStream_t) {
     if (s == Strategy::TwoShot) {
-      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_twoshot<P, T>(ctx, p); });
+      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_twoshot<P, T, X>(ctx, p); });
     } else {
-      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_oneshot<P, T>(ctx, p); });
+      grid_->run([&p](algo::HostCtx& ctx) { algo::lamport_oneshot<P, T, X>(ctx, p); });
     }
   }
+
+  /// Runs kernel(ctx) on every lane of the emulated grid and returns when all have returned (a launch plus
+  /// a stream synchronisation), for kernels other than the Lamport ones (the nccl backend's epilogue pass).
+  void run_grid(const std::function<void(algo::HostCtx&)>& kernel) { grid_->run(kernel); }
 
   /// The architecture this platform runs kernels for: 0, the host emulator follows the topology's.
   static constexpr int arch() { return 0; }
@@ -162,7 +200,10 @@ class HostPlatform {
     return r;
   }
 
+  Options options_;
   std::unique_ptr<algo::HostGrid> grid_;
+  std::vector<std::unique_ptr<std::vector<std::uint32_t*>>> members_;  // emulated multicast groups
+  std::unique_ptr<std::uint32_t> multicast_stores_ = std::make_unique<std::uint32_t>(0u);  // stable across moves
   std::string init_error_;
   std::vector<std::shared_ptr<std::uint32_t>> shared_;  // every rank's block, co-owned
   std::vector<Block> locals_;

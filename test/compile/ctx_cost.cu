@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportP
         Vec16 y = load_volatile(src);
         while (fiar::detail::has_sentinel(y)) {
           if (cuda::ptx::get_sreg_globaltimer() > deadline) {
-            Atomic(p.error->missing).fetch_or(1u << r, cuda::std::memory_order_relaxed);
+            Atomic(p.error->missing[0]).fetch_or(1u << r, cuda::std::memory_order_relaxed);  // up to 32 ranks
             Atomic(p.error->call).store(call, cuda::std::memory_order_relaxed);
             Atomic(p.error->code).store(fiar::algo::kErrorTimeout, cuda::std::memory_order_release);
             break;
@@ -118,4 +118,18 @@ template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern
 template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern::AllReduce, __half>(
     const __grid_constant__ fiar::algo::LamportParams<__half>);
 template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
+    const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);
+
+// The mnnvl kernels: the same protocols with the multicast transport.
+template __global__ void fiar::cuda_detail::mnnvl_oneshot_kernel<fiar::Pattern::AllReduce, float>(
+    const __grid_constant__ fiar::algo::LamportParams<float>);
+template __global__ void fiar::cuda_detail::mnnvl_oneshot_kernel<fiar::Pattern::AllReduce, __half>(
+    const __grid_constant__ fiar::algo::LamportParams<__half>);
+template __global__ void fiar::cuda_detail::mnnvl_oneshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
+    const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);
+template __global__ void fiar::cuda_detail::mnnvl_twoshot_kernel<fiar::Pattern::AllReduce, float>(
+    const __grid_constant__ fiar::algo::LamportParams<float>);
+template __global__ void fiar::cuda_detail::mnnvl_twoshot_kernel<fiar::Pattern::AllReduce, __half>(
+    const __grid_constant__ fiar::algo::LamportParams<__half>);
+template __global__ void fiar::cuda_detail::mnnvl_twoshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
     const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);

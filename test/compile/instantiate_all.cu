@@ -14,17 +14,34 @@
 template class fiar::Workspace<fiar::TrtllmPolicy, float, fiar::CudaPlatform>;
 template class fiar::Workspace<fiar::TrtllmPolicy, __half, fiar::CudaPlatform>;
 template class fiar::Workspace<fiar::TrtllmPolicy, __nv_bfloat16, fiar::CudaPlatform>;
-template fiar::Workspace<fiar::TrtllmPolicy, float, fiar::CudaPlatform>::Workspace(
-    fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
-template fiar::Workspace<fiar::TrtllmPolicy, __half, fiar::CudaPlatform>::Workspace(
-    fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
-template fiar::Workspace<fiar::TrtllmPolicy, __nv_bfloat16, fiar::CudaPlatform>::Workspace(
-    fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
+#define FIAR_INSTANTIATE_CTOR(Policy, T)                                                                     \
+  template fiar::detail::LamportWorkspace<fiar::Policy, T, fiar::CudaPlatform>::LamportWorkspace(               \
+      fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
+FIAR_INSTANTIATE_CTOR(TrtllmPolicy, float)
+FIAR_INSTANTIATE_CTOR(TrtllmPolicy, __half)
+FIAR_INSTANTIATE_CTOR(TrtllmPolicy, __nv_bfloat16)
+FIAR_INSTANTIATE_CTOR(MnnvlPolicy, float)
+FIAR_INSTANTIATE_CTOR(MnnvlPolicy, __half)
+FIAR_INSTANTIATE_CTOR(MnnvlPolicy, __nv_bfloat16)
 template std::vector<std::uint32_t*> fiar::CudaPlatform::allocate_shared(fiar::InProcessBootstrap&, std::size_t);
+template fiar::algo::MulticastRegion fiar::CudaPlatform::allocate_multicast(fiar::InProcessBootstrap&, std::size_t);
+
+// The mnnvl backend: the same protocols with the multicast transport (its own kernels, multimem stores).
+template class fiar::detail::LamportWorkspace<fiar::TrtllmPolicy, float, fiar::CudaPlatform>;
+template class fiar::detail::LamportWorkspace<fiar::TrtllmPolicy, __half, fiar::CudaPlatform>;
+template class fiar::detail::LamportWorkspace<fiar::TrtllmPolicy, __nv_bfloat16, fiar::CudaPlatform>;
+template class fiar::detail::LamportWorkspace<fiar::MnnvlPolicy, float, fiar::CudaPlatform>;
+template class fiar::detail::LamportWorkspace<fiar::MnnvlPolicy, __half, fiar::CudaPlatform>;
+template class fiar::detail::LamportWorkspace<fiar::MnnvlPolicy, __nv_bfloat16, fiar::CudaPlatform>;
+template class fiar::Workspace<fiar::MnnvlPolicy, float, fiar::CudaPlatform>;
+template class fiar::Workspace<fiar::MnnvlPolicy, __half, fiar::CudaPlatform>;
+template class fiar::Workspace<fiar::MnnvlPolicy, __nv_bfloat16, fiar::CudaPlatform>;
 
 // Every fused pattern: one kernel per pattern x dtype x strategy (run<P> instantiates both strategies).
-#define FIAR_INSTANTIATE_RUN(T, P)                                                                        \
-  template void fiar::Workspace<fiar::TrtllmPolicy, T, fiar::CudaPlatform>::run<fiar::Pattern::P>(       \
+#define FIAR_INSTANTIATE_RUN(T, P)                                                                          \
+  template void fiar::detail::LamportWorkspace<fiar::TrtllmPolicy, T, fiar::CudaPlatform>::run<fiar::Pattern::P>( \
+      const fiar::FusedArgs<T>&, cudaStream_t, fiar::Strategy);                                              \
+  template void fiar::detail::LamportWorkspace<fiar::MnnvlPolicy, T, fiar::CudaPlatform>::run<fiar::Pattern::P>(  \
       const fiar::FusedArgs<T>&, cudaStream_t, fiar::Strategy);
 #define FIAR_INSTANTIATE_PATTERNS(T)                  \
   FIAR_INSTANTIATE_RUN(T, ResidualRmsNorm)            \
@@ -34,6 +51,28 @@ template std::vector<std::uint32_t*> fiar::CudaPlatform::allocate_shared(fiar::I
 FIAR_INSTANTIATE_PATTERNS(float)
 FIAR_INSTANTIATE_PATTERNS(__half)
 FIAR_INSTANTIATE_PATTERNS(__nv_bfloat16)
+
+// The nccl backend: ncclAllReduce, then the epilogue kernel (one per pattern x dtype). It compiles in a build
+// without NCCL too (its constructors then throw), so these lines need no guard.
+#define FIAR_INSTANTIATE_NCCL(T)                                                                              \
+  template class fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>;                                     \
+  template fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>::Workspace(                                \
+      fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&); \
+  template fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>::Workspace(                                \
+      fiar::InProcessBootstrap&, fiar::NcclComm, const fiar::Topology&, const fiar::WorkspaceConfig&,           \
+      const fiar::CudaPlatformOptions&);                                                                        \
+  template void fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>::run<fiar::Pattern::ResidualRmsNorm>(  \
+      const fiar::FusedArgs<T>&, cudaStream_t, fiar::Strategy);                                                \
+  template void fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>::run<fiar::Pattern::ResidualRmsNormFp8>( \
+      const fiar::FusedArgs<T>&, cudaStream_t, fiar::Strategy);                                                \
+  template void                                                                                                \
+  fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>::run<fiar::Pattern::ResidualRmsNormFp8Dynamic>(      \
+      const fiar::FusedArgs<T>&, cudaStream_t, fiar::Strategy);                                                \
+  template void fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>::run<fiar::Pattern::ResidualRmsNormNvfp4>( \
+      const fiar::FusedArgs<T>&, cudaStream_t, fiar::Strategy);
+FIAR_INSTANTIATE_NCCL(float)
+FIAR_INSTANTIATE_NCCL(__half)
+FIAR_INSTANTIATE_NCCL(__nv_bfloat16)
 
 // Launch shapes: one block per token up to the cap, threads a multiple of 32 covering a token (32..1024).
 static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).blocks == 1);

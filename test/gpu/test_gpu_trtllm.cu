@@ -24,6 +24,8 @@ using fiar::Strategy;
 namespace {
 
 using fiar_test::DeviceBuffer;
+using fiar_test::require_no_errors;
+using fiar_test::run_ranks_on;
 using fiar_test::Stream;
 
 template <class T>
@@ -35,36 +37,6 @@ int device_count() {
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
   return n;
 }
-
-// Runs body(rank, bootstrap) on one thread per rank with devices[rank] current; returns what each rank
-// threw ("" = nothing). Catch2 assertions are not thread-safe: bodies record, the caller checks.
-std::vector<std::string> run_ranks(const std::vector<int>& devices,
-                                   const std::function<void(int, fiar::InProcessBootstrap&)>& body) {
-  fiar::InProcessGroup group(static_cast<int>(devices.size()), 60s);
-  std::vector<std::string> errors(devices.size());
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < devices.size(); ++r) {
-    threads.emplace_back([&, r] {
-      auto boot = group.bootstrap(static_cast<int>(r));
-      try {
-        GPU_CHECK(cudaSetDevice(devices[r]));
-        body(static_cast<int>(r), boot);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-void require_no_errors(const std::vector<std::string>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    CAPTURE(r);
-    REQUIRE(errors[r] == "");
-  }
-}
-
 
 // A sequence of calls every rank makes, in place, launched back to back on the rank's stream with nothing in
 // between (so a fast rank runs a call ahead of a slow one and the buffer rotation is exercised), then
@@ -97,7 +69,7 @@ void run_and_check(const Plan& plan) {
   }
 
   std::vector<std::vector<T>> outputs(static_cast<std::size_t>(world));  // [rank], all calls back to back
-  const auto errors = run_ranks(plan.devices, [&](int rank, fiar::InProcessBootstrap& boot) {
+  const auto errors = run_ranks_on(plan.devices, [&](int rank, fiar::InProcessBootstrap& boot) {
     // Allocate before the workspace: its creation ends with a barrier, so no rank launches a kernel that
     // waits for a peer while that peer is still inside an allocation call.
     Stream stream;
@@ -227,7 +199,7 @@ TEST_CASE("a CUDA graph of all-reduces replays with the rotation advancing on th
   const auto want = fiar_test::rank_order_sum(in, count);
   std::vector<int> wrong(static_cast<std::size_t>(world), 0);
   const auto errors =
-      run_ranks(std::vector<int>(static_cast<std::size_t>(world), 0), [&](int rank, fiar::InProcessBootstrap& boot) {
+      run_ranks_on(std::vector<int>(static_cast<std::size_t>(world), 0), [&](int rank, fiar::InProcessBootstrap& boot) {
         fiar::WorkspaceConfig cfg;
         cfg.max_token_num = kTokens;
         cfg.hidden_dim = kHidden;
@@ -278,7 +250,7 @@ TEST_CASE("a rank that never calls: its peers get fiar::timeout_error from check
   std::vector<std::string> caught(static_cast<std::size_t>(world));
   std::vector<double> waited_ms(static_cast<std::size_t>(world), 0.0);
   const auto errors =
-      run_ranks(std::vector<int>(static_cast<std::size_t>(world), 0), [&](int rank, fiar::InProcessBootstrap& boot) {
+      run_ranks_on(std::vector<int>(static_cast<std::size_t>(world), 0), [&](int rank, fiar::InProcessBootstrap& boot) {
         fiar::WorkspaceConfig cfg;
         cfg.max_token_num = kTokens;
         cfg.hidden_dim = kHidden;
@@ -323,7 +295,7 @@ TEST_CASE("a rank that never calls: its peers get fiar::timeout_error from check
 }
 
 TEST_CASE("data pointers must be device memory of the rank's GPU", "[gpu]") {
-  const auto errors = run_ranks({0}, [&](int, fiar::InProcessBootstrap& boot) {
+  const auto errors = run_ranks_on({0}, [&](int, fiar::InProcessBootstrap& boot) {
     fiar::WorkspaceConfig cfg;
     cfg.max_token_num = 4;
     cfg.hidden_dim = 64;

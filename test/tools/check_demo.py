@@ -10,17 +10,36 @@ HOST = ["--platform", "host"]
 SMALL = ["--tokens", "5", "--hidden", "64", "--iterations", "3"]
 
 CASES = [
-    (HOST, 0, [r"platform host", r"backend: trtllm \(auto\)", r"fiar-demo: PASS: 4 rank\(s\) x 10 iteration\(s\)",
-               r"ranks bit-identical"]),
+    (HOST, 0, [r"platform host", r"backend: trtllm \(auto; mnnvl cannot run: no NVLink multicast",
+               r"ran: trtllm\n", r"fiar-demo: PASS: 4 rank\(s\) x 10 iteration\(s\)", r"ranks bit-identical"]),
     (["--help"], 0, [r"usage: fiar-demo"]),
-    # Auto chose mnnvl (one node, multicast) and may fall back to trtllm, which this version runs.
-    (HOST + SMALL + ["--multicast", "yes"], 0, [r"falling back to trtllm", r"PASS"]),
+    # Auto on one node with multicast: mnnvl, no fallback.
+    (HOST + SMALL + ["--multicast", "yes"], 0, [r"backend: mnnvl \(auto; trtllm if multicast setup fails\)",
+                                                r"ran: mnnvl\n", r"PASS"]),
+    # Multicast reported but its setup fails on the machine: auto falls back to trtllm, one warning per rank.
+    (HOST + SMALL + ["--multicast", "broken", "--world-size", "3"], 0,
+     [r"ran: trtllm \(mnnvl's multicast setup failed", r"(?s)(fiar \[warning\] rank \d: backend auto chose mnnvl.*){3}",
+      r"PASS: 3 rank"]),
+    # An explicit mnnvl whose setup fails is never replaced.
+    (HOST + SMALL + ["--multicast", "broken", "--backend", "mnnvl"], 1, [r"NVLink multicast setup failed", r"FAIL"]),
+    # mnnvl and nccl run on the emulator; every strategy and several world sizes.
+    (HOST + SMALL + ["--backend", "mnnvl", "--multicast", "yes", "--world-size", "16", "--strategy", "twoshot"], 0,
+     [r"ran: mnnvl\n", r"-> twoshot", r"PASS: 16 rank"]),
+    (HOST + SMALL + ["--backend", "mnnvl", "--multicast", "yes", "--nodes", "2", "--world-size", "8"], 0,
+     [r"ran: mnnvl\n", r"PASS: 8 rank"]),
+    (HOST + SMALL + ["--backend", "nccl", "--world-size", "3", "--pattern", "residual_rmsnorm_fp8_dynamic"], 0,
+     [r"ran: nccl\n", r"-> nccl \(its own algorithm\)", r"PASS: 3 rank"]),
+    # Several nodes without multicast: auto picks nccl.
+    (HOST + SMALL + ["--nodes", "2"], 0, [r"backend: nccl \(auto; mnnvl cannot run: no NVLink multicast",
+                                         r"trtllm cannot run: the group spans 2 nodes", r"ran: nccl\n", r"PASS"]),
     (HOST + SMALL + ["--arch", "sm_100", "--world-size", "3"], 0, [r"arch sm_100", r"PASS: 3 rank"]),
     # Rejected configurations: nothing runs, exit 2, the reason on stderr.
     (HOST + SMALL + ["--nodes", "2", "--world-size", "8", "--backend", "trtllm"], 2,
      [r"REJECTED", r"'trtllm' cannot run on a group that spans 2 nodes", r"Fix: use 'nccl'"]),
     (HOST + SMALL + ["--backend", "mnnvl"], 2, [r"needs NVLink multicast"]),
-    (HOST + SMALL + ["--nodes", "2"], 2, [r"backend: nccl", r"not available in fiar"]),
+    (HOST + SMALL + ["--backend", "mnnvl", "--multicast", "no"], 2, [r"REJECTED", r"needs NVLink multicast"]),
+    (HOST + SMALL + ["--backend", "mnnvl", "--multicast", "yes", "--world-size", "65"], 2,
+     [r"does not support world_size 65"]),
     (HOST + SMALL + ["--world-size", "17", "--backend", "trtllm"], 2, [r"does not support world_size 17"]),
     (HOST + ["--dtype", "half", "--hidden", "12", "--tokens", "2"], 2, [r"hidden_dim = 12 for half"]),
     (HOST + ["--tokens", "0"], 2, [r"--tokens '0': expected an integer >= 1"]),
@@ -40,6 +59,18 @@ for pattern in ("residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp
             CASES.append((HOST + ["--pattern", pattern, "--dtype", dtype, "--strategy", strategy, "--arch", "sm_100",
                                   "--tokens", "6", "--hidden", "256", "--iterations", "2", "--world-size", "4"], 0,
                           [r"pattern: %s" % pattern, r"fiar-demo: PASS"]))
+# The same patterns through mnnvl (alternating strategies) and nccl (its own algorithm).
+for i, pattern in enumerate(("allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp8_dynamic",
+                             "residual_rmsnorm_nvfp4")):
+    for dtype in ("float", "half", "bf16"):
+        if pattern.endswith("nvfp4") and dtype == "float":
+            continue
+        common = HOST + ["--pattern", pattern, "--dtype", dtype, "--arch", "sm_100", "--tokens", "6", "--hidden", "256",
+                         "--iterations", "2", "--world-size", "4"]
+        strategy = ("oneshot", "twoshot")[i % 2]
+        CASES.append((common + ["--backend", "mnnvl", "--multicast", "yes", "--strategy", strategy], 0,
+                      [r"ran: mnnvl\n", r"-> %s" % strategy, r"fiar-demo: PASS"]))
+        CASES.append((common + ["--backend", "nccl"], 0, [r"ran: nccl\n", r"fiar-demo: PASS"]))
 # Every dtype x strategy x several world sizes, verified against the reference.
 for dtype in ("float", "half", "bf16"):
     for strategy in ("oneshot", "twoshot", "auto"):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../common/fusion_reference.hpp"
+#include "../common/host_fusion_harness.hpp"
 #include "../common/reference.hpp"
 
 using namespace std::chrono_literals;
@@ -25,98 +26,11 @@ using fiar_test::Outputs;
 using fiar_test::residual_of;
 using fiar_test::Shape;
 
-namespace {
+using fiar_test::run_and_check;
+using fiar_test::run_pattern;
 
 template <class T>
 using HostWorkspace = fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform>;
-
-// Runs pattern P once on every rank (host emulator) and returns each rank's outputs.
-template <Pattern P, class T>
-std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with_norm_out, fiar::ScaleLayout layout,
-                                    float weight_bias, float scale, bool in_place, int arch = 100) {
-  const std::size_t count = static_cast<std::size_t>(s.tokens) * s.hidden;
-  std::vector<Outputs<T>> result(static_cast<std::size_t>(s.world));
-  std::vector<std::string> errors(static_cast<std::size_t>(s.world));
-  fiar::InProcessGroup group(s.world, 60s);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < s.world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto boot = group.bootstrap(r);
-        fiar::WorkspaceConfig cfg;
-        cfg.max_token_num = s.tokens;
-        cfg.hidden_dim = s.hidden;
-        cfg.oneshot_at_max_tokens = true;
-        HostWorkspace<T> ws(boot, fiar::Topology{.world_size = s.world, .rank = r, .arch = arch}, cfg,
-                            fiar::HostPlatformOptions{.blocks = 2, .lanes = 8});
-        Outputs<T>& o = result[static_cast<std::size_t>(r)];
-        std::vector<T> in = fiar_test::make_input<T>(count, r, 0, false);
-        std::vector<T> residual = residual_of<T>(count, 0);
-        const std::vector<T> gamma = gamma_of<T>(s.hidden);
-        const float scale_value = scale;
-        fiar::FusedArgs<T> a;
-        a.in = in.data();
-        a.num_tokens = s.tokens;
-        if constexpr (P == Pattern::AllReduce) {
-          o.out.resize(count);
-          a.out = in_place ? in.data() : o.out.data();
-        } else {
-          o.residual_out.resize(count);
-          a.residual_in = residual.data();
-          a.residual_out = in_place ? residual.data() : o.residual_out.data();
-          a.gamma = gamma.data();
-          a.eps = 1e-5f;
-          a.weight_bias = weight_bias;
-          if (with_norm_out || P == Pattern::ResidualRmsNorm) {
-            o.norm_out.resize(count);
-            a.norm_out = in_place ? in.data() : o.norm_out.data();
-          }
-        }
-        if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic) {
-          o.quant.assign(count, 0xAA);
-          a.quant_out = o.quant.data();
-        }
-        if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormNvfp4) a.scale = &scale_value;
-        if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) {
-          o.scale_out.assign(static_cast<std::size_t>(s.tokens), -1.0f);
-          a.scale_out = o.scale_out.data();
-        }
-        if constexpr (P == Pattern::ResidualRmsNormNvfp4) {
-          o.quant.assign(count / 2, 0xAA);
-          a.quant_out = o.quant.data();
-          o.block_scales.assign(fiar::algo::nvfp4_scale_bytes(s.tokens, s.hidden, layout), 0xAA);
-          a.block_scale_out = o.block_scales.data();
-          a.layout = layout;
-        }
-        ws.template run<P>(a, nullptr, strategy);
-        if (in_place) {
-          if constexpr (P == Pattern::AllReduce) {
-            o.out = in;
-          } else {
-            o.residual_out = residual;
-            if (!o.norm_out.empty()) o.norm_out = in;
-          }
-        }
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors) REQUIRE(e == "");
-  return result;
-}
-
-template <Pattern P, class T>
-void run_and_check(const Shape& s, Strategy strategy, bool with_norm_out, fiar::ScaleLayout layout = fiar::ScaleLayout::Swizzled128x4,
-                   float weight_bias = 0.0f, float scale = 0.75f, bool in_place = false) {
-  CAPTURE(fiar::to_string(P), fiar_test::dtype_label<T>(), s.world, s.tokens, s.hidden, fiar::to_string(strategy),
-          with_norm_out, weight_bias, in_place);
-  const auto outs = run_pattern<P, T>(s, strategy, with_norm_out, layout, weight_bias, scale, in_place);
-  check_pattern<P, T>(s, outs, with_norm_out, layout, weight_bias, scale);
-}
-
-}  // namespace
 
 TEMPLATE_TEST_CASE("every pattern x world size x hidden size matches the reference", "[fusion]", float, __half,
                    __nv_bfloat16) {
@@ -174,14 +88,7 @@ TEST_CASE("fused calls are checked against the pattern before anything runs", "[
       std::vector<std::uint8_t> q(256), sf(512);
       float scale = 1.0f;
       auto& m = messages[static_cast<std::size_t>(r)];
-      auto reject = [&](auto&& f) {
-        try {
-          f();
-          m.push_back("(accepted)");
-        } catch (const std::invalid_argument& e) {
-          m.push_back(e.what());
-        }
-      };
+      auto reject = [&](auto&& f) { m.push_back(fiar_test::thrown<std::invalid_argument>(f, "(accepted)")); };
       fiar::FusedArgs<__nv_bfloat16> a;
       a.in = in.data();
       a.num_tokens = 4;

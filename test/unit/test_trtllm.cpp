@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/host_harness.hpp"
 #include "../common/reference.hpp"
 
 using namespace std::chrono_literals;
@@ -17,107 +18,12 @@ using fiar::Strategy;
 using fiar::TrtllmPolicy;
 using fiar_test::bits;
 
-namespace {
-
-template <class T>
-using HostWorkspace = fiar::Workspace<TrtllmPolicy, T, fiar::HostPlatform>;
-
-constexpr fiar::HostPlatformOptions kSmallGrid{.blocks = 2, .lanes = 4};
-
-fiar::Topology one_node(int world, int rank, int arch = 90) {
-  return fiar::Topology{.world_size = world, .rank = rank, .node_count = 1, .arch = arch};
-}
-
-// Runs body(rank, bootstrap) on one thread per rank; returns what each rank threw ("" = nothing).
-std::vector<std::string> run_ranks(int world, const std::function<void(int, fiar::InProcessBootstrap&)>& body,
-                                   std::chrono::milliseconds bootstrap_timeout = 30s) {
-  fiar::InProcessGroup group(world, bootstrap_timeout);
-  std::vector<std::string> errors(static_cast<std::size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto boot = group.bootstrap(r);
-      try {
-        body(r, boot);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-void require_no_errors(const std::vector<std::string>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    CAPTURE(r);
-    REQUIRE(errors[r] == "");
-  }
-}
-
-// One call's expectations, checked on the calling rank: bit-exact against the rank-order reference, and
-// within the documented bound of the exact sum.
-template <class T>
-struct Check {
-  int mismatches = 0;
-  int out_of_bound = 0;
-  void compare(const std::vector<std::vector<T>>& inputs, const std::vector<T>& out, std::size_t count, int world) {
-    const auto expected = fiar_test::rank_order_sum(inputs, count);
-    const auto exact = fiar_test::exact_sum(inputs, count);
-    for (std::size_t i = 0; i < count; ++i) {
-      if (bits(out[i]) != bits(expected[i])) ++mismatches;
-      double abs_sum = 0;
-      for (const auto& in : inputs) abs_sum += std::fabs(static_cast<double>(fiar_test::as_float(in[i])));
-      const double got = fiar_test::as_float(out[i]);
-      if (std::fabs(got - exact[i]) > fiar_test::error_bound<T>(exact[i], abs_sum, world)) ++out_of_bound;
-    }
-  }
-};
-
-// Runs `calls` all-reduces on every rank with tokens_of(call) tokens and strategy_of(call), checking every
-// rank's every result; returns the strategies rank 0 ran.
-template <class T>
-std::vector<Strategy> run_and_check(int world, fiar::WorkspaceConfig cfg, int calls,
-                                    const std::function<int(int)>& tokens_of,
-                                    const std::function<Strategy(int)>& strategy_of, bool in_place = false,
-                                    bool specials = true) {
-  std::vector<Check<T>> checks(static_cast<std::size_t>(world));
-  std::vector<std::vector<T>> outputs(static_cast<std::size_t>(world));
-  std::vector<Strategy> ran;
-  const std::size_t max_count = static_cast<std::size_t>(cfg.max_token_num) * cfg.hidden_dim;
-  auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
-    HostWorkspace<T> ws(boot, one_node(world, rank), cfg, kSmallGrid);
-    std::vector<T> out(max_count);
-    for (int call = 0; call < calls; ++call) {
-      const int tokens = tokens_of(call);
-      const std::size_t count = static_cast<std::size_t>(tokens) * cfg.hidden_dim;
-      std::vector<std::vector<T>> inputs;
-      for (int r = 0; r < world; ++r) inputs.push_back(fiar_test::make_input<T>(count, r, call, specials));
-      std::vector<T> mine = inputs[static_cast<std::size_t>(rank)];
-      if (in_place) {
-        ws.allreduce(mine.data(), mine.data(), tokens, nullptr, strategy_of(call));
-        std::copy(mine.begin(), mine.end(), out.begin());
-      } else {
-        ws.allreduce(mine.data(), out.data(), tokens, nullptr, strategy_of(call));
-      }
-      checks[static_cast<std::size_t>(rank)].compare(inputs, out, count, world);
-      if (rank == 0) ran.push_back(ws.last_strategy());
-      if (call + 1 == calls) outputs[static_cast<std::size_t>(rank)].assign(out.begin(), out.begin() + count);
-    }
-  });
-  require_no_errors(errors);
-  for (int r = 0; r < world; ++r) {
-    CAPTURE(r);
-    CHECK(checks[static_cast<std::size_t>(r)].mismatches == 0);
-    CHECK(checks[static_cast<std::size_t>(r)].out_of_bound == 0);
-    CHECK(outputs[static_cast<std::size_t>(r)] .size() == outputs[0].size());
-    CHECK(std::equal(outputs[static_cast<std::size_t>(r)].begin(), outputs[static_cast<std::size_t>(r)].end(),
-                     outputs[0].begin(), [](T a, T b) { return bits(a) == bits(b); }));
-  }
-  return ran;
-}
-
-}  // namespace
+using fiar_test::HostWorkspace;
+using fiar_test::kSmallGrid;
+using fiar_test::one_node;
+using fiar_test::require_no_errors;
+using fiar_test::run_and_check;
+using fiar_test::run_ranks;
 
 TEMPLATE_TEST_CASE("one-shot and two-shot match the reference on every rank", "[trtllm]", float, __half,
                    __nv_bfloat16) {
@@ -209,7 +115,7 @@ TEST_CASE("world size 1 copies the input", "[trtllm]") {
     std::vector<__half> out(24);
     for (int i = 0; i < 5; ++i) ws.allreduce(in.data(), out.data(), 3);
     const auto expect = fiar_test::rank_order_sum<__half>({in}, 24);
-    for (std::size_t i = 0; i < 24; ++i) REQUIRE(bits(out[i]) == bits(expect[i]));
+    for (std::size_t i = 0; i < 24; ++i) FIAR_ENSURE(bits(out[i]) == bits(expect[i]));
   });
   require_no_errors(errors);
 }
@@ -241,39 +147,23 @@ TEST_CASE("a rank that never arrives: the others get timeout_error within the de
           "[trtllm]") {
   const int world = 4;
   const Strategy strategy = GENERATE(Strategy::OneShot, Strategy::TwoShot);
-  std::vector<std::string> first(world), later(world), checked(world);
-  std::vector<std::chrono::milliseconds> took(world);
+  std::vector<fiar_test::AfterPeerStopped> seen(world);
   auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
     HostWorkspace<float> ws(boot, one_node(world, rank), {.max_token_num = 4, .hidden_dim = 16, .timeout = 300ms},
                             kSmallGrid);
     if (rank == 3) return;  // never calls
     std::vector<float> in(64, 1.0f), out(64);
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      ws.allreduce(in.data(), out.data(), 4, nullptr, strategy);
-    } catch (const fiar::timeout_error& e) {
-      first[static_cast<std::size_t>(rank)] = e.what();
-    }
-    took[static_cast<std::size_t>(rank)] =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-    try {
-      ws.allreduce(in.data(), out.data(), 4, nullptr, strategy);
-    } catch (const fiar::timeout_error& e) {
-      later[static_cast<std::size_t>(rank)] = e.what();
-    }
-    try {
-      ws.check();
-    } catch (const fiar::timeout_error& e) {
-      checked[static_cast<std::size_t>(rank)] = e.what();
-    }
+    seen[static_cast<std::size_t>(rank)] =
+        fiar_test::after_peer_stopped(ws, [&] { ws.allreduce(in.data(), out.data(), 4, nullptr, strategy); });
   });
   require_no_errors(errors);
   for (int r = 0; r < 3; ++r) {
-    CAPTURE(r, first[static_cast<std::size_t>(r)]);
-    CHECK(first[static_cast<std::size_t>(r)].find("gave up after 300 ms waiting for data from rank(s) 3 (call 0)") != std::string::npos);
-    CHECK(later[static_cast<std::size_t>(r)] == first[static_cast<std::size_t>(r)]);
-    CHECK(checked[static_cast<std::size_t>(r)] == first[static_cast<std::size_t>(r)]);
-    CHECK(took[static_cast<std::size_t>(r)] < 20s);
+    const auto& s = seen[static_cast<std::size_t>(r)];
+    CAPTURE(r, s.first);
+    CHECK(s.first.find("gave up after 300 ms waiting for data from rank(s) 3 (call 0)") != std::string::npos);
+    CHECK(s.later == s.first);
+    CHECK(s.checked == s.first);
+    CHECK(s.took < 20s);
   }
 }
 
@@ -286,14 +176,7 @@ TEST_CASE("bad calls are rejected before anything is launched, naming the value 
     HostWorkspace<float> ws(boot, one_node(world, rank), cfg, kSmallGrid);
     alignas(16) static thread_local float in[8 * 16 + 4], out[8 * 16 + 4];
     auto& msgs = messages[static_cast<std::size_t>(rank)];
-    auto expect_reject = [&](auto&& f) {
-      try {
-        f();
-        msgs.push_back("(accepted)");
-      } catch (const std::invalid_argument& e) {
-        msgs.push_back(e.what());
-      }
-    };
+    auto expect_reject = [&](auto&& f) { msgs.push_back(fiar_test::thrown<std::invalid_argument>(f, "(accepted)")); };
     expect_reject([&] { ws.allreduce(nullptr, out, 1); });
     expect_reject([&] { ws.allreduce(in, nullptr, 1); });
     expect_reject([&] { ws.allreduce(in, out, 0); });
@@ -451,8 +334,8 @@ TEST_CASE("a moved workspace keeps working; the moved-from one refuses calls", "
     a.allreduce(in.data(), out.data(), 2);
     HostWorkspace<float> b(std::move(a));
     b.allreduce(in.data(), out.data(), 2);
-    REQUIRE(out[7] == 2.0f);
-    CHECK_THROWS_AS(a.check(), std::logic_error);
+    FIAR_ENSURE(out[7] == 2.0f);
+    FIAR_ENSURE_THROWS_AS(a.check(), std::logic_error);
   });
   require_no_errors(errors);
 }

@@ -7,6 +7,7 @@
 #include <barrier>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -69,6 +70,15 @@ class HostCtx : public SystemAtomics {
     store_relaxed(p + 1, v.y);
     store_relaxed(p + 2, v.z);
     store_relaxed(p + 3, v.w);
+  }
+
+  /// A store through the group's multicast mapping: the emulator plays the NVSwitch and writes v at
+  /// `offset` into every member's region (on the GPU, one multimem.st the switch replicates). Like the
+  /// switch, it gives no order between members; each word is still single-copy atomic.
+  template <class View>
+  static void multicast_store16(const View& view, std::size_t offset, const detail::Vec16& v) {
+    for (int m = 0; m < view.member_count; ++m) store16(view.members[m] + offset, v);
+    if (view.stores != nullptr) fetch_add_acq_rel(view.stores, 1u);
   }
 
  private:

@@ -1,11 +1,14 @@
-// fiar/algo/lamport.hpp — the trtllm protocols, written once against an execution context.
+// fiar/algo/lamport.hpp — the Lamport protocols of the trtllm and mnnvl backends, written once against an
+// execution context and a transport.
 // Contract: lamport_oneshot and lamport_twoshot run unchanged on the GPU (DeviceCtx) and in the host
 // emulator (HostCtx); every rank gets identical bits (fixed rank order, fp32); all state lives in the
-// workspace, so the kernels are CUDA-graph safe; every wait ends by the deadline.
+// workspace, so the kernels are CUDA-graph safe; every wait ends by the deadline. The transport only
+// changes how a value reaches every rank: W unicast stores (trtllm) or one multicast store (mnnvl).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "../detail/convert.hpp"
 #include "../detail/hd.hpp"
@@ -19,11 +22,33 @@ enum class Strategy { Auto, OneShot, TwoShot };
 
 namespace algo {
 
-/// Most ranks a trtllm kernel addresses (TrtllmPolicy::max_world_size).
-inline constexpr int kMaxTrtllmRanks = 16;
+/// Most ranks a Lamport kernel addresses (MnnvlPolicy::max_world_size; trtllm stops at 16).
+inline constexpr int kMaxRanks = 64;
+
+/// How a value that every rank needs is delivered: one unicast store per rank (peer mappings, trtllm), or
+/// one store through the group's multicast mapping, which the NVSwitch replicates into every rank's memory
+/// (mnnvl). Stores to a single rank (two-shot scatter) and all loads are unicast either way.
+enum class Transport { Unicast, Multicast };
+
+/// The group's multicast mapping of the Lamport region, as a kernel sees it. On the GPU a store through
+/// `address + offset` lands at `offset` in every member's region (multimem.st). The host emulator has no
+/// switch: it performs that replication itself, into `members` (each member's region, in rank order).
+struct MulticastView {
+  std::uint32_t* address = nullptr;          ///< GPU: the multicast mapping (null on the host emulator)
+  std::uint32_t* const* members = nullptr;   ///< host emulator: where a multicast store lands
+  int member_count = 0;
+  std::uint32_t* stores = nullptr;           ///< host emulator: counts this rank's multicast stores (tests)
+};
 
 /// Lamport buffers that rotate: a rank is at most one call ahead of its slowest peer.
 inline constexpr int kLamportBuffers = 3;
+
+/// What a platform's allocate_multicast returns: every rank's region as mapped here (unicast, rank order),
+/// and the group's multicast mapping of the same memory.
+struct MulticastRegion {
+  std::vector<std::uint32_t*> peers;
+  MulticastView view;
+};
 
 /// Protocol state of one rank, in that rank's memory, advanced only by the kernels.
 struct LamportState {
@@ -35,10 +60,10 @@ struct LamportState {
 
 /// Where a kernel reports a failure; host-visible, read by Workspace::check().
 struct ErrorRecord {
-  std::uint32_t code;     ///< kErrorNone or kErrorTimeout
-  std::uint32_t missing;  ///< bit r: data sent by rank r itself never arrived
-  std::uint32_t stalled;  ///< bit r: a result rank r reduces (two-shot owner) never arrived
-  std::uint32_t call;     ///< the call (LamportState::call) that timed out
+  std::uint32_t code;        ///< kErrorNone or kErrorTimeout
+  std::uint32_t call;        ///< the call (LamportState::call) that timed out
+  std::uint32_t missing[2];  ///< bit r of the 64-bit mask (word r / 32): data sent by rank r itself never arrived
+  std::uint32_t stalled[2];  ///< bit r: a result rank r reduces (two-shot owner) never arrived
 };
 inline constexpr std::uint32_t kErrorNone = 0;
 inline constexpr std::uint32_t kErrorTimeout = 1;
@@ -52,7 +77,8 @@ struct LamportParams {
   int vecs_per_token;                       ///< hidden_dim * sizeof(T) / 16
   int world_size;
   int rank;
-  std::uint32_t* buffers[kMaxTrtllmRanks];  ///< each rank's Lamport region (3 buffers), as mapped here
+  std::uint32_t* buffers[kMaxRanks];        ///< each rank's Lamport region (3 buffers), as mapped here
+  MulticastView multicast;                  ///< Transport::Multicast: the group's multicast mapping
   std::size_t buffer_words;                 ///< words per Lamport buffer
   LamportState* state;                      ///< this rank's state
   ErrorRecord* error;                       ///< this rank's error record
@@ -78,7 +104,8 @@ using fiar::detail::Vec16;
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline void record_timeout(Ctx& ctx, ErrorRecord* error, int peer, bool relayed, std::uint32_t call) {
-  ctx.fetch_or_relaxed(relayed ? &error->stalled : &error->missing, 1u << peer);
+  std::uint32_t* mask = relayed ? error->stalled : error->missing;
+  ctx.fetch_or_relaxed(mask + (peer >> 5), 1u << (peer & 31));
   ctx.store_relaxed(&error->call, call);
   ctx.store_release(&error->code, kErrorTimeout);
 }
@@ -139,6 +166,21 @@ FIAR_HD inline void finish_call(Ctx& ctx, LamportState* state, std::uint32_t cal
   }
 }
 
+// Stores v at word `offset` of every rank's region: through the multicast mapping (one store), or one
+// unicast store per rank, starting with the next rank to spread the traffic.
+FIAR_EXEC_CHECK_DISABLE
+template <Transport X, ReduceType T, class Ctx>
+FIAR_HD inline void store_to_all(Ctx& ctx, const LamportParams<T>& p, std::size_t offset, const Vec16& v) {
+  if constexpr (X == Transport::Multicast) {
+    ctx.multicast_store16(p.multicast, offset, v);
+  } else {
+    for (int i = 0; i < p.world_size; ++i) {
+      const int r = (p.rank + 1 + i) % p.world_size;
+      ctx.store16(p.buffers[r] + offset, v);
+    }
+  }
+}
+
 template <ReduceType T>
 FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
   const Vec16* row = reinterpret_cast<const Vec16*>(p.in) + static_cast<std::size_t>(token) * p.vecs_per_token;
@@ -148,11 +190,11 @@ FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
 
 }  // namespace detail_lamport
 
-/// Lamport one-shot. Each rank stores its input into slot [rank] of every rank's current buffer, clears
-/// the buffer of the previous call, then polls the W slots of its own buffer and sums them in rank order
-/// in fp32. Buffer layout: [source rank][token][vector].
+/// Lamport one-shot. Each rank stores its input into slot [rank] of every rank's current buffer (W unicast
+/// stores, or one multicast store), clears the buffer of the previous call, then polls the W slots of its
+/// own buffer and sums them in rank order in fp32. Buffer layout: [source rank][token][vector].
 FIAR_EXEC_CHECK_DISABLE
-template <Pattern P, ReduceType T, class Ctx>
+template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail_lamport;
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
@@ -164,14 +206,10 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
     return ((static_cast<std::size_t>(source) * p.num_tokens + token) * vecs + vec) * fiar::detail::kWordsPerVec;
   };
 
-  // 1. Push this rank's input to every rank, starting with the next rank to spread the traffic.
+  // 1. Push this rank's input to every rank.
   for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
     for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
-      const Vec16 x = load_input(p, t, v);
-      for (int i = 0; i < p.world_size; ++i) {
-        const int r = (p.rank + 1 + i) % p.world_size;
-        ctx.store16(p.buffers[r] + cur + slot(p.rank, t, v), x);
-      }
+      store_to_all<X>(ctx, p, cur + slot(p.rank, t, v), load_input(p, t, v));
     }
   }
 
@@ -195,12 +233,12 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
 }
 
 /// Lamport two-shot. Tokens are split into W contiguous chunks; rank o owns chunk o. Each rank stores its
-/// input for a token into the owner's scatter area; the owner polls its W slots, sums them in rank order
-/// in fp32 and stores the rounded result into every rank's gather area; every rank polls its gather
-/// area. Results are bit-identical to one-shot. Buffer layout: scatter [source][chunk token][vector],
-/// then gather [token][vector].
+/// input for a token into the owner's scatter area (unicast); the owner polls its W slots, sums them in
+/// rank order in fp32 and stores the rounded result into every rank's gather area (W unicast stores, or
+/// one multicast store); every rank polls its gather area. Results are bit-identical to one-shot. Buffer
+/// layout: scatter [source][chunk token][vector], then gather [token][vector].
 FIAR_EXEC_CHECK_DISABLE
-template <Pattern P, ReduceType T, class Ctx>
+template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail_lamport;
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
@@ -238,11 +276,8 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
         const Vec16 y = poll(ctx, p.buffers[p.rank] + cur + scatter_slot(r, lt, v), deadline, p.error, r, false, call);
         fiar::detail::unpack_add<T>(y, acc);
       }
-      const Vec16 sum = fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc));
-      for (int i = 0; i < p.world_size; ++i) {
-        const int r = (p.rank + 1 + i) % p.world_size;
-        ctx.store16(p.buffers[r] + cur + gather_slot(first + lt, v), sum);
-      }
+      store_to_all<X>(ctx, p, cur + gather_slot(first + lt, v),
+                      fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc)));
     }
   }
 

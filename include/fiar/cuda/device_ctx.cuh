@@ -11,6 +11,7 @@
 #include <cuda/functional>
 #include <cuda/ptx>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "../algo/memory.hpp"
@@ -77,6 +78,24 @@ struct DeviceCtx : algo::SystemAtomics {
     return v;
   }
 
+  /// 16-byte store through the group's multicast mapping (mnnvl): ONE multimem.st.relaxed.sys.global.v4,
+  /// which the NVSwitch replicates into every member's memory. Inline PTX because CCCL 3.0's
+  /// cuda::ptx::multimem_st has only the scalar .b32 / .b64 forms; sm_90 or newer only (multimem does not
+  /// exist before Hopper, and no fiar kernel is built for older GPUs).
+  template <class View>
+  __device__ static void multicast_store16(const View& view, std::size_t offset, const detail::Vec16& v) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(__cvta_generic_to_global(view.address + offset)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+#else
+    (void)view;
+    (void)offset;
+    (void)v;
+    __trap();  // unreachable: MnnvlPolicy::min_arch is 90 and the workspace refuses older GPUs
+#endif
+  }
   /// 16-byte store to memory another rank reads concurrently: ONE st.volatile.global.v4.
   __device__ static void store16(std::uint32_t* p, const detail::Vec16& v) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"

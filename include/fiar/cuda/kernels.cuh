@@ -1,4 +1,5 @@
-// fiar/cuda/kernels.cuh — the trtllm kernels (thin __global__ shells over algo/) and CudaPlatform::launch.
+// fiar/cuda/kernels.cuh — the Lamport kernels of trtllm and mnnvl (thin __global__ shells over algo/) and
+// CudaPlatform::launch.
 // Contract: hidden visibility (shared objects never swap kernels); PDL wait first, successor released last;
 // one kernel per dtype x strategy, world size being a runtime parameter.
 #pragma once
@@ -49,7 +50,7 @@ __global__ __attribute__((visibility("hidden"))) void __launch_bounds__(kMaxThre
     lamport_oneshot_kernel(const __grid_constant__ algo::LamportParams<T> p) {
   wait_for_predecessor();
   DeviceCtx ctx;
-  algo::lamport_oneshot<P, T>(ctx, p);
+  algo::lamport_oneshot<P, T, algo::Transport::Unicast>(ctx, p);
   allow_successor();
 }
 
@@ -59,8 +60,58 @@ __global__ __attribute__((visibility("hidden"))) void __launch_bounds__(kMaxThre
     lamport_twoshot_kernel(const __grid_constant__ algo::LamportParams<T> p) {
   wait_for_predecessor();
   DeviceCtx ctx;
-  algo::lamport_twoshot<P, T>(ctx, p);
+  algo::lamport_twoshot<P, T, algo::Transport::Unicast>(ctx, p);
   allow_successor();
+}
+
+// The mnnvl kernels: the same protocols with the multicast transport (algo::Transport::Multicast), named
+// apart so that profiles show the backend. Their launch bounds also promise one resident block per SM: with
+// ptxas's default heuristics the two-shot half/bf16 kernel spilled on sm_90a (scripts/ctx-cost checks it).
+template <Pattern P, ReduceType T>
+__global__ __attribute__((visibility("hidden"))) void __launch_bounds__(kMaxThreads, 1)
+    mnnvl_oneshot_kernel(const __grid_constant__ algo::LamportParams<T> p) {
+  wait_for_predecessor();
+  DeviceCtx ctx;
+  algo::lamport_oneshot<P, T, algo::Transport::Multicast>(ctx, p);
+  allow_successor();
+}
+
+template <Pattern P, ReduceType T>
+__global__ __attribute__((visibility("hidden"))) void __launch_bounds__(kMaxThreads, 1)
+    mnnvl_twoshot_kernel(const __grid_constant__ algo::LamportParams<T> p) {
+  wait_for_predecessor();
+  DeviceCtx ctx;
+  algo::lamport_twoshot<P, T, algo::Transport::Multicast>(ctx, p);
+  allow_successor();
+}
+
+/// Launches kernel(p) on `stream` with `shape` (device `device` current), with programmatic dependent launch
+/// when `pdl` is set: every fiar launch (the Lamport kernels, the nccl epilogue). A failure throws
+/// fiar::cuda_error naming `what` (the kernel's kind), P, T and the shape.
+template <Pattern P, ReduceType T, class Params>
+void launch_kernel(void (*kernel)(Params), const Params& p, const CudaLaunchShape& shape, cudaStream_t stream, bool pdl,
+                   int device, const std::string& what) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(shape.blocks));
+  config.blockDim = dim3(static_cast<unsigned>(shape.threads));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  if (pdl) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  detail::DeviceGuard guard(device);
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
+  detail::cuda_check(e,
+                     "cudaLaunchKernelEx (" + what + ", " + std::string(to_string(P)) + ", " +
+                         std::string(dtype_name<T>()) + ", " + std::to_string(shape.blocks) + " x " +
+                         std::to_string(shape.threads) + " threads) on device " + std::to_string(device),
+                     "the stream belongs to device " + std::to_string(device) +
+                         ", the binary was built for this GPU's architecture (gpu_archs), and no earlier kernel "
+                         "faulted");
 }
 
 }  // namespace fiar::inline v0_1::cuda_detail
@@ -71,34 +122,21 @@ namespace fiar::inline v0_1 {
 // default cap is the SM count divided by the ranks of the group on this GPU: ranks that share a GPU must be
 // resident at the same time, or a Lamport kernel spinning on every SM starves its peer's kernel, which never
 // starts, and both wait until the timeout.
-template <Pattern P, ReduceType T>
+template <Pattern P, ReduceType T, algo::Transport X>
 void CudaPlatform::launch(Strategy s, const algo::LamportParams<T>& p, cudaStream_t stream) {
   require_ready();
   const CudaLaunchShape shape = launch_shape(p.num_tokens, p.vecs_per_token);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(shape.blocks));
-  config.blockDim = dim3(static_cast<unsigned>(shape.threads));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  if (pdl()) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  detail::DeviceGuard guard(device_);
   const bool twoshot = s == Strategy::TwoShot;
-  const cudaError_t e = twoshot ? cudaLaunchKernelEx(&config, cuda_detail::lamport_twoshot_kernel<P, T>, p)
-                                : cudaLaunchKernelEx(&config, cuda_detail::lamport_oneshot_kernel<P, T>, p);
-  detail::cuda_check(e,
-                     std::string("cudaLaunchKernelEx (trtllm ") + (twoshot ? "two-shot" : "one-shot") + ", " +
-                         to_string(P) + ", " +
-                         std::string(dtype_name<T>()) + ", " + std::to_string(shape.blocks) + " x " +
-                         std::to_string(shape.threads) + " threads) on device " + std::to_string(device_),
-                     "the stream belongs to device " + std::to_string(device_) +
-                         ", the binary was built for this GPU's architecture (gpu_archs), and no earlier kernel "
-                         "faulted");
+  constexpr bool multicast = X == algo::Transport::Multicast;
+  // Only the two kernels of this transport are instantiated.
+  void (*kernel)(algo::LamportParams<T>);
+  if constexpr (multicast) {
+    kernel = twoshot ? cuda_detail::mnnvl_twoshot_kernel<P, T> : cuda_detail::mnnvl_oneshot_kernel<P, T>;
+  } else {
+    kernel = twoshot ? cuda_detail::lamport_twoshot_kernel<P, T> : cuda_detail::lamport_oneshot_kernel<P, T>;
+  }
+  cuda_detail::launch_kernel<P, T>(kernel, p, shape, stream, pdl(), device_,
+                                   std::string(multicast ? "mnnvl " : "trtllm ") + (twoshot ? "two-shot" : "one-shot"));
 }
 
 }  // namespace fiar::inline v0_1
