@@ -663,7 +663,8 @@ class MulticastSetup {
               "every rank can (" +
               without + "). Check: " + kFabricCheck +
               ", and the driver supports CU_MEM_HANDLE_TYPE_FABRIC (GB200 NVL72 class systems). Fix: otherwise use "
-              "the nccl backend across nodes (FIAR_ALLREDUCE_BACKEND=nccl), or Backend::Auto.",
+              "the nccl backend across nodes (FIAR_ALLREDUCE_BACKEND=nccl); Backend::Auto does not fall back across "
+              "nodes (trtllm cannot span them).",
           static_cast<int>(CUDA_ERROR_NOT_SUPPORTED));
     }
     multi_process_ = process_count_ > 1;
