@@ -16,12 +16,18 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A command-line value as the tools quote it in messages: 'value'.
+inline std::string quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
+
+/// "cudaErrorNoDevice: no CUDA-capable device is detected".
+inline std::string describe_cuda(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
 /// The integer `text` given to `flag`, at least `min`.
 inline int parse_int(std::string_view flag, std::string_view text, int min) {
   int v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < min) {
-    throw UsageError(std::string(flag) + " " + fiar::detail::quoted(text) + ": expected an integer >= " +
+    throw UsageError(std::string(flag) + " " + quoted(text) + ": expected an integer >= " +
                      std::to_string(min));
   }
   return v;
@@ -36,7 +42,7 @@ inline std::pair<std::string, std::string> next_option(int argc, char** argv, in
     return {arg.substr(0, eq), arg.substr(eq + 1)};
   }
   if (i + 1 < argc) return {arg, argv[++i]};
-  throw UsageError(arg.rfind("--", 0) == 0 ? arg + " needs a value" : "unexpected argument " + fiar::detail::quoted(arg));
+  throw UsageError(arg.rfind("--", 0) == 0 ? arg + " needs a value" : "unexpected argument " + quoted(arg));
 }
 
 }  // namespace fiar_cli

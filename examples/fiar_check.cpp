@@ -48,7 +48,7 @@ exit status: 0 the choice is valid, 2 it is rejected, 1 usage error
 bool parse_yes_no(std::string_view flag, std::string_view text) {
   if (text == "yes") return true;
   if (text == "no") return false;
-  throw UsageError(std::string(flag) + " " + fiar::detail::quoted(text) + ": expected yes or no");
+  throw UsageError(std::string(flag) + " " + fiar_cli::quoted(text) + ": expected yes or no");
 }
 
 // "sm_90", "sm_90a", "sm_100f", "90" -> 90, 100; the suffix does not change the rules.
@@ -59,7 +59,7 @@ int parse_arch(std::string_view text) {
   int v = 0;
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
   if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || v < 10) {
-    throw UsageError("--arch " + fiar::detail::quoted(text) + ": expected an architecture such as sm_90 or sm_100");
+    throw UsageError("--arch " + fiar_cli::quoted(text) + ": expected an architecture such as sm_90 or sm_100");
   }
   return v;
 }
@@ -102,7 +102,7 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--backend") {
       o.backend = value;
     } else {
-      throw UsageError("unknown option " + fiar::detail::quoted(arg));
+      throw UsageError("unknown option " + fiar_cli::quoted(arg));
     }
   }
   return o;

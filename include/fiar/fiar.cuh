@@ -1,10 +1,10 @@
-// fiar/fiar.cuh — the one header nvcc translation units include: everything in <fiar/fiar.hpp> plus the
-// CUDA kernels and CudaPlatform::launch.
-// Contract: a program that uses CudaPlatform compiles at least one translation unit that includes this
-// header and uses (or explicitly instantiates) each Workspace<Policy, T, CudaPlatform> it needs.
+// fiar/fiar.cuh — the header nvcc translation units include to define launches: everything in <fiar/fiar.hpp> plus
+// the one __global__ template (exec/kernel.cuh) and CudaPlatform::launch's definition.
+// Contract: including it emits nothing by itself; <fiar/instantiate.cuh> (which includes it) emits the launches of
+// every fiar operation. Device code is refused below sm_90 (exec/device_ctx.cuh names the -gencode fix).
 #pragma once
 
-#include "cuda/device_ctx.cuh"
-#include "cuda/kernels.cuh"
-#include "cuda/epilogue_kernel.cuh"
 #include "fiar.hpp"
+#include "exec/device_ctx.cuh"
+#include "exec/kernel.cuh"
+#include "platform/cuda_launch.cuh"

@@ -1,15 +1,19 @@
-// Zero-cost check of DeviceCtx (scripts/ctx-cost): fiar's one-shot kernel, built from algo/lamport.hpp
-// through DeviceCtx, next to the same protocol written directly against threadIdx/blockIdx. ptxas -v must
-// report no stack and no spills for fiar's kernel, and registers equal (or within a few) of this one.
+// Zero-cost check of DeviceCtx and the one kernel template (scripts/ctx-cost): fiar's all-reduce kernels, built from
+// algo/lamport.hpp through exec::kernel<Op> and DeviceCtx, next to the same one-shot protocol written directly
+// against threadIdx/blockIdx. ptxas -v must report no stack and no spills for fiar's kernels, and registers equal
+// (or within a few) of this one.
 #include <cuda/atomic>
 #include <cuda/ptx>
 
-#include <fiar/fiar.cuh>
+// fiar's kernels of the plain all-reduce pattern, for every operation and element type (the same instantiation
+// header a program uses, restricted to one pattern).
+#define FIAR_INSTANTIATE_PATTERNS(X, ...) X(__VA_ARGS__, AllReduce)
+#include <fiar/instantiate.cuh>
 
 namespace hand {
 
 using fiar::algo::LamportParams;
-using fiar::detail::Vec16;
+using fiar::exec::Vec16;
 using Atomic = cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>;
 
 __device__ __forceinline__ Vec16 load_volatile(const std::uint32_t* p) {
@@ -33,7 +37,7 @@ __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportP
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  constexpr std::uint32_t kSentinel = fiar::detail::kSentinelWord;
+  constexpr std::uint32_t kSentinel = fiar::exec::kSentinelWord;
   const std::uint64_t deadline = cuda::ptx::get_sreg_globaltimer() + p.timeout_ns;
   const std::uint32_t call = Atomic(p.state->call).load(cuda::std::memory_order_acquire);
   const std::size_t cur = (call % 3) * p.buffer_words;
@@ -47,7 +51,7 @@ __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportP
   for (int t = bid; t < p.num_tokens; t += nblocks) {
     const Vec16* in = reinterpret_cast<const Vec16*>(p.in) + static_cast<std::size_t>(t) * vecs;
     for (int v = tid; v < p.vecs_per_token; v += nthreads) {
-      const Vec16 x = fiar::detail::sanitize<sizeof(T)>(in[v]);
+      const Vec16 x = fiar::exec::sanitize<sizeof(T)>(in[v]);
       const std::size_t at = cur + ((static_cast<std::size_t>(p.rank) * p.num_tokens + t) * vecs + v) * 4;
       for (int i = 0; i < p.world_size; ++i) store_volatile(p.buffers[(p.rank + 1 + i) % p.world_size] + at, x);
     }
@@ -64,12 +68,12 @@ __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportP
   for (int t = bid; t < p.num_tokens; t += nblocks) {
     Vec16* out = reinterpret_cast<Vec16*>(p.out) + static_cast<std::size_t>(t) * vecs;
     for (int v = tid; v < p.vecs_per_token; v += nthreads) {
-      fiar::detail::FloatPack<T> acc{};
+      fiar::algo::FloatPack<T> acc{};
       for (int r = 0; r < p.world_size; ++r) {
         const std::uint32_t* src =
             p.buffers[p.rank] + cur + ((static_cast<std::size_t>(r) * p.num_tokens + t) * vecs + v) * 4;
         Vec16 y = load_volatile(src);
-        while (fiar::detail::has_sentinel(y)) {
+        while (fiar::exec::has_sentinel(y)) {
           if (cuda::ptx::get_sreg_globaltimer() > deadline) {
             Atomic(p.error->missing[0]).fetch_or(1u << r, cuda::std::memory_order_relaxed);  // up to 32 ranks
             Atomic(p.error->call).store(call, cuda::std::memory_order_relaxed);
@@ -79,9 +83,9 @@ __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportP
           __nanosleep(32);
           y = load_volatile(src);
         }
-        fiar::detail::unpack_add<T>(y, acc);
+        fiar::algo::unpack_add<T>(y, acc);
       }
-      out[v] = fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc));
+      out[v] = fiar::exec::sanitize<sizeof(T)>(fiar::algo::pack<T>(acc));
     }
   }
 
@@ -106,30 +110,3 @@ template __global__ void oneshot<__nv_bfloat16>(const __grid_constant__ LamportP
 
 }  // namespace hand
 
-// fiar's kernels, both strategies (the two-shot figures are printed for the record).
-template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<fiar::Pattern::AllReduce, float>(
-    const __grid_constant__ fiar::algo::LamportParams<float>);
-template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<fiar::Pattern::AllReduce, __half>(
-    const __grid_constant__ fiar::algo::LamportParams<__half>);
-template __global__ void fiar::cuda_detail::lamport_oneshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
-    const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);
-template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern::AllReduce, float>(
-    const __grid_constant__ fiar::algo::LamportParams<float>);
-template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern::AllReduce, __half>(
-    const __grid_constant__ fiar::algo::LamportParams<__half>);
-template __global__ void fiar::cuda_detail::lamport_twoshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
-    const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);
-
-// The mnnvl kernels: the same protocols with the multicast transport.
-template __global__ void fiar::cuda_detail::mnnvl_oneshot_kernel<fiar::Pattern::AllReduce, float>(
-    const __grid_constant__ fiar::algo::LamportParams<float>);
-template __global__ void fiar::cuda_detail::mnnvl_oneshot_kernel<fiar::Pattern::AllReduce, __half>(
-    const __grid_constant__ fiar::algo::LamportParams<__half>);
-template __global__ void fiar::cuda_detail::mnnvl_oneshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
-    const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);
-template __global__ void fiar::cuda_detail::mnnvl_twoshot_kernel<fiar::Pattern::AllReduce, float>(
-    const __grid_constant__ fiar::algo::LamportParams<float>);
-template __global__ void fiar::cuda_detail::mnnvl_twoshot_kernel<fiar::Pattern::AllReduce, __half>(
-    const __grid_constant__ fiar::algo::LamportParams<__half>);
-template __global__ void fiar::cuda_detail::mnnvl_twoshot_kernel<fiar::Pattern::AllReduce, __nv_bfloat16>(
-    const __grid_constant__ fiar::algo::LamportParams<__nv_bfloat16>);

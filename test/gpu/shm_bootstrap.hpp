@@ -34,8 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include <fiar/bootstrap.hpp>
-#include <fiar/errors.hpp>
+#include <fiar/fiar.hpp>
 
 namespace fiar_test {
 

@@ -5,6 +5,7 @@
 #include <fiar/fiar.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -277,4 +278,45 @@ TEST_CASE("log sink: replaceable, restorable, and a throwing sink does not fail 
   REQUIRE(got.size() == 1);
   CHECK(got[0] == "one");
   CHECK(mine != nullptr);
+}
+
+// A mistake of one rank alone must be raised on every rank at once, not leave the others in a collective until
+// their bootstrap times out (the group's timeout here is 30 s; every rank must be done long before).
+TEST_CASE("make_workspace and WorkspacePool: one rank's bad argument fails every rank at once", "[any]") {
+  const int world = 4;
+  const fiar::WorkspaceConfig cfg{.max_token_num = 4, .hidden_dim = 8};
+  enum class Mistake { Rank, BackendValue, PoolRank, PoolBackendValue };
+  const Mistake mistake = GENERATE(Mistake::Rank, Mistake::BackendValue, Mistake::PoolRank, Mistake::PoolBackendValue);
+  CAPTURE(static_cast<int>(mistake));
+  const bool pool = mistake == Mistake::PoolRank || mistake == Mistake::PoolBackendValue;
+  const bool bad_rank = mistake == Mistake::Rank || mistake == Mistake::PoolRank;
+  std::vector<std::string> kinds(world);
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    fiar::Topology topo = group(world, rank, 1, false);
+    Backend requested = Backend::Auto;
+    if (rank == 2) {
+      if (bad_rank) topo.rank = 5;
+      else requested = static_cast<Backend>(9);
+    }
+    try {
+      if (pool) {
+        fiar::WorkspacePool<fiar::HostPlatform> p(boot, topo, Backend::Auto, kGrid);
+        p.acquire<float>("model", cfg, requested);
+      } else {
+        (void)fiar::make_workspace<float, fiar::HostPlatform>(boot, topo, cfg, requested, kGrid);
+      }
+    } catch (const std::invalid_argument&) {
+      kinds[static_cast<std::size_t>(rank)] = "invalid_argument";
+      throw;
+    }
+  });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  const std::string what = bad_rank ? "malformed topology: rank = 5" : "Backend value 9 is not a backend";
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r, errors[static_cast<std::size_t>(r)]);
+    CHECK(kinds[static_cast<std::size_t>(r)] == "invalid_argument");
+    CHECK(errors[static_cast<std::size_t>(r)].find(what) != std::string::npos);
+    if (r != 2) CHECK(errors[static_cast<std::size_t>(r)].find("failed on rank 2") != std::string::npos);
+  }
 }

@@ -83,6 +83,7 @@ TEST_CASE("fused calls are checked against the pattern before anything runs", "[
       cfg.hidden_dim = 64;
       HostWorkspace<__nv_bfloat16> ws(boot, fiar::Topology{.world_size = world, .rank = r, .arch = 90}, cfg);
       HostWorkspace<float> wf(boot, fiar::Topology{.world_size = world, .rank = r, .arch = 100}, cfg);
+      HostWorkspace<__nv_bfloat16> w100(boot, fiar::Topology{.world_size = world, .rank = r, .arch = 100}, cfg);
       std::vector<__nv_bfloat16> in(256), res(256), res_out(256), norm(256), gamma(64);
       std::vector<float> fin(256), fres(256), fres_out(256), fgamma(64);
       std::vector<std::uint8_t> q(256), sf(512);
@@ -103,7 +104,7 @@ TEST_CASE("fused calls are checked against the pattern before anything runs", "[
       reject([&] { auto b = a; b.residual_out = res.data() + 8; ws.run<Pattern::ResidualRmsNorm>(b); });
       reject([&] { auto b = a; b.quant_out = q.data(); ws.run<Pattern::ResidualRmsNormFp8>(b); });  // no scale
       reject([&] { auto b = a; b.quant_out = q.data(); b.scale = &scale; b.block_scale_out = sf.data(); ws.run<Pattern::ResidualRmsNormNvfp4>(b); });  // sm_90
-      reject([&] { auto b = a; b.eps = -1.0f; ws.run<Pattern::ResidualRmsNorm>(b); });
+      reject([&] { auto b = a; b.eps = -1e-7f; ws.run<Pattern::ResidualRmsNorm>(b); });
       fiar::FusedArgs<float> fa;
       fa.in = fin.data();
       fa.num_tokens = 4;
@@ -114,6 +115,16 @@ TEST_CASE("fused calls are checked against the pattern before anything runs", "[
       fa.scale = &scale;
       fa.block_scale_out = sf.data();
       reject([&] { wf.run<Pattern::ResidualRmsNormNvfp4>(fa); });
+      // Values cast from integers outside their enumerations are rejected, not run as some default.
+      reject([&] { ws.run<Pattern::ResidualRmsNorm>(a, nullptr, static_cast<fiar::Strategy>(7)); });
+      reject([&] {
+        auto b = a;
+        b.quant_out = q.data();
+        b.scale = &scale;
+        b.block_scale_out = sf.data();
+        b.layout = static_cast<fiar::ScaleLayout>(5);
+        w100.run<Pattern::ResidualRmsNormNvfp4>(b);
+      });
       // Nothing was launched: a valid fused call still works on both workspaces.
       std::fill(in.begin(), in.end(), from_float<__nv_bfloat16>(1.0f));
       std::fill(res.begin(), res.end(), from_float<__nv_bfloat16>(2.0f));
@@ -127,7 +138,7 @@ TEST_CASE("fused calls are checked against the pattern before anything runs", "[
   for (auto& t : threads) t.join();
   for (int r = 0; r < world; ++r) {
     const auto& m = messages[static_cast<std::size_t>(r)];
-    REQUIRE(m.size() == 9);
+    REQUIRE(m.size() == 11);
     CHECK(m[0].find("residual_rmsnorm on rank") != std::string::npos);
     CHECK(m[0].find("gamma is a null pointer; residual_rmsnorm needs it") != std::string::npos);
     CHECK(m[1].find("norm_out is a null pointer") != std::string::npos);
@@ -139,8 +150,10 @@ TEST_CASE("fused calls are checked against the pattern before anything runs", "[
     CHECK(m[4].find("overlaps residual_in") != std::string::npos);
     CHECK(m[5].find("scale is a null pointer; residual_rmsnorm_fp8 needs it") != std::string::npos);
     CHECK(m[6].find("NVFP4 needs sm_100 or newer, and this workspace runs on sm_90") != std::string::npos);
-    CHECK(m[7].find("eps = -1.0") != std::string::npos);
+    CHECK(m[7].find("eps = -1e-07, weight_bias = 0;") != std::string::npos);  // the value as given, not -0.000000
     CHECK(m[8].find("the input is float; NVFP4 takes 16-bit input") != std::string::npos);
+    CHECK(m[9].find("Strategy value 7 is not a strategy; allowed: auto, oneshot, twoshot") != std::string::npos);
+    CHECK(m[10].find("ScaleLayout value 5 is not a layout; allowed: swizzled128x4, linear") != std::string::npos);
     CHECK(wrong[static_cast<std::size_t>(r)] == 0);
   }
 }

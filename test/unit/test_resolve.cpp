@@ -253,3 +253,22 @@ TEST_CASE("best_alternative prefers mnnvl, then trtllm, then nccl", "[policy]") 
   CHECK(fiar::best_alternative(Backend::Mnnvl, topo(8, 2, true)) == Backend::Nccl);
   CHECK(fiar::best_alternative(Backend::Trtllm, topo(8, 2, false)) == Backend::Nccl);
 }
+
+TEST_CASE("a Backend value outside the enumeration is rejected, naming it, not run as some backend", "[resolve]") {
+  const auto bad = static_cast<fiar::Backend>(9);
+  CHECK_FALSE(fiar::is_valid(bad));
+  CHECK(fiar::to_string(bad) == "invalid");
+  const fiar::Topology topo{.world_size = 2};
+  try {
+    (void)fiar::resolve_backend(bad, topo);
+    FAIL("resolve_backend accepted Backend value 9");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("Backend value 9 is not a backend; allowed: auto, trtllm, mnnvl, nccl") !=
+          std::string::npos);
+  }
+  CHECK(fiar::rejection_for(bad, topo) == fiar::Rejection::none);  // no rule to name: resolve_backend rejects it
+  for (fiar::Backend b : {fiar::Backend::Auto, fiar::Backend::Trtllm, fiar::Backend::Mnnvl, fiar::Backend::Nccl}) {
+    CHECK(fiar::is_valid(b));
+    CHECK(fiar::parse_backend(fiar::to_string(b)) == b);
+  }
+}

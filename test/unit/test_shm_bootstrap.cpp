@@ -215,3 +215,40 @@ TEST_CASE("shm bootstrap: bad arguments and segments are rejected; the segment i
   CHECK_THROWS_AS(ShmSegment(fiar_test::unique_shm_name("unit"), 0), std::invalid_argument);
   CHECK_THROWS_AS(ShmSegment(fiar_test::unique_shm_name("unit"), fiar_test::kShmMaxRanks + 1), std::invalid_argument);
 }
+
+// FIAR_ALLREDUCE_BACKEND is per process: one process with a bad value must fail make_workspace and WorkspacePool on
+// every rank at once (the variable is read inside the collective agreement), instead of throwing alone while its
+// peers wait for it until their bootstrap times out (20 s here).
+TEST_CASE("a bad FIAR_ALLREDUCE_BACKEND in one process fails every process at once", "[shm]") {
+  const bool pool = GENERATE(false, true);
+  CAPTURE(pool);
+  const int world = 2;
+  ShmSegment segment(fiar_test::unique_shm_name("env"), world);
+  const auto start = std::chrono::steady_clock::now();
+  const auto status = run_processes({0, 1}, [&](int rank) {
+    if (rank == 1) ::setenv(fiar::backend_env_var, "nvls", 1);
+    else ::unsetenv(fiar::backend_env_var);
+    ShmBootstrap boot(segment.name(), rank, world, 20s);
+    const fiar::Topology topo{.world_size = world, .rank = rank, .arch = 90};
+    const fiar::WorkspaceConfig cfg{.max_token_num = 4, .hidden_dim = 8};
+    try {
+      if (pool) {
+        fiar::WorkspacePool<fiar::HostPlatform> p(boot, topo);
+        p.acquire<float>("model", cfg);
+      } else {
+        (void)fiar::make_workspace<float, fiar::HostPlatform>(boot, topo, cfg);
+      }
+      return 1;
+    } catch (const std::invalid_argument& e) {
+      const std::string want = rank == 1 ? "FIAR_ALLREDUCE_BACKEND='nvls' is not an all-reduce backend"
+                                         : "failed on rank 1: FIAR_ALLREDUCE_BACKEND='nvls'";
+      if (!contains(e.what(), want)) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return 2;
+      }
+      return 0;
+    }
+  });
+  require_all_exit_zero(status);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+}

@@ -1,40 +1,23 @@
-// fiar/algo/epilogue.hpp — what a protocol does with each reduced token: write it, or fuse the residual add,
-// RMSNorm and FP8 / NVFP4 quantization that follow the all-reduce. Written once for every backend.
-// Contract: fp32 math with the rounding points listed in docs/design.md ("Fusion numerics"); a token is
-// handled by one block (block-wide sum/max from the context); outputs may alias inputs only as documented.
+// fiar/algo/epilogue.hpp — what a protocol does with each reduced token: write it, or fuse the residual add, RMSNorm
+// and FP8 / NVFP4 quantization that follow the all-reduce. Written once for every backend, driven by the pattern's
+// row of core/pattern.hpp (norm, quantization).
+// Contract: fp32 math with the rounding points listed in docs/design.md ("Fusion numerics"); a token is handled by
+// one block (block-wide sum/max from the context); outputs may alias inputs only as documented.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
-#include "../detail/convert.hpp"
-#include "../detail/hd.hpp"
-#include "../dtype.hpp"
+#include "../core/config.hpp"
+#include "../core/dtype.hpp"
+#include "../core/pattern.hpp"
+#include "../core/prelude.hpp"
+#include "../exec/context.hpp"
+#include "convert.hpp"
 #include "quant.hpp"
 
-namespace fiar::inline v0_1 {
-
-/// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5).
-enum class Pattern {
-  AllReduce,                  ///< out = sum
-  ResidualRmsNorm,            ///< residual_out = sum + residual_in; norm_out = RMSNorm(residual_out)
-  ResidualRmsNormFp8,         ///< ... then quant_out = e4m3(norm / scale), static per-tensor scale
-  ResidualRmsNormFp8Dynamic,  ///< ... then per-token e4m3 with scale_out[token] = max(amax / 448, 1/(512*448))
-  ResidualRmsNormNvfp4,       ///< ... then NVFP4: e2m1 values in 16-element blocks, e4m3 block scales (sm_100+)
-};
-
-constexpr const char* to_string(Pattern p) {
-  switch (p) {
-    case Pattern::AllReduce: return "allreduce";
-    case Pattern::ResidualRmsNorm: return "residual_rmsnorm";
-    case Pattern::ResidualRmsNormFp8: return "residual_rmsnorm_fp8";
-    case Pattern::ResidualRmsNormFp8Dynamic: return "residual_rmsnorm_fp8_dynamic";
-    case Pattern::ResidualRmsNormNvfp4: return "residual_rmsnorm_nvfp4";
-  }
-  return "invalid";
-}
-
+FIAR_BEGIN_NAMESPACE
 namespace algo {
 
 /// The fused outputs and parameters of one call (unused members are null / ignored for a pattern).
@@ -53,9 +36,23 @@ struct EpilogueParams {
   ScaleLayout layout;
 };
 
-namespace detail_epilogue {
+/// The fused epilogue's parameters of a call.
+template <ReduceType T>
+EpilogueParams<T> epilogue_params(const FusedArgs<T>& a) {
+  return EpilogueParams<T>{a.residual_in,
+                           a.residual_out,
+                           a.gamma,
+                           a.norm_out,
+                           static_cast<std::uint8_t*>(a.quant_out),
+                           a.scale,
+                           a.scale_out,
+                           static_cast<std::uint8_t*>(a.block_scale_out),
+                           a.eps,
+                           a.weight_bias,
+                           a.layout};
+}
 
-using fiar::detail::Vec16;
+namespace detail {
 
 template <ReduceType T>
 FIAR_HD inline Vec16 load_row(const T* base, int token, int vecs_per_token, int vec) {
@@ -68,7 +65,7 @@ FIAR_HD inline void store_row(T* base, int token, int vecs_per_token, int vec, c
 
 template <ReduceType T>
 struct Elems {
-  T e[fiar::detail::kElemsPerVec<T>];
+  T e[kElemsPerVec<T>];
 };
 template <ReduceType T>
 FIAR_HD inline Elems<T> unpack(const Vec16& v) {
@@ -86,8 +83,6 @@ FIAR_HD inline Vec16 repack(const Elems<T>& e) {
 // The RMSNorm output element: T(y * s * (weight_bias + gamma)), evaluated left to right in fp32.
 template <ReduceType T>
 FIAR_HD inline T norm_elem(T y, float s, float weight_bias, T g) {
-  using fiar::detail::from_float;
-  using fiar::detail::to_float;
   return from_float<T>(to_float(y) * s * (weight_bias + to_float(g)));
 }
 
@@ -97,14 +92,14 @@ FIAR_HD inline Elems<T> norm_vec(const Vec16& y, float s, const EpilogueParams<T
   const Elems<T> g = unpack<T>(reinterpret_cast<const Vec16*>(e.gamma)[vec]);
   Elems<T> n;
   FIAR_UNROLL
-  for (int i = 0; i < fiar::detail::kElemsPerVec<T>; ++i) n.e[i] = norm_elem<T>(yy.e[i], s, e.weight_bias, g.e[i]);
+  for (int i = 0; i < kElemsPerVec<T>; ++i) n.e[i] = norm_elem<T>(yy.e[i], s, e.weight_bias, g.e[i]);
   return n;
 }
 
 // Stores kElemsPerVec<T> e4m3 bytes (4 or 8) for one vector of a row.
 template <ReduceType T>
 FIAR_HD inline void store_fp8(std::uint8_t* row, int vec, const std::uint8_t* q) {
-  constexpr int n = fiar::detail::kElemsPerVec<T>;
+  constexpr int n = kElemsPerVec<T>;
   if constexpr (n == 8) {
     std::uint64_t w = 0;
     for (int i = 0; i < 8; ++i) w |= static_cast<std::uint64_t>(q[i]) << (8 * i);
@@ -116,18 +111,17 @@ FIAR_HD inline void store_fp8(std::uint8_t* row, int vec, const std::uint8_t* q)
   }
 }
 
-}  // namespace detail_epilogue
+}  // namespace detail
 
 /// Hands one reduced token to the pattern's epilogue. `fetch(v)` returns the token's reduced vector v (it
 /// may poll); it is called exactly once per vector, by the lane that owns it.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx, class Fetch>
 FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int token, int vecs_per_token, Fetch&& fetch) {
-  using namespace detail_epilogue;
-  using fiar::detail::from_float;
-  using fiar::detail::to_float;
-  constexpr int kE = fiar::detail::kElemsPerVec<T>;
-  if constexpr (P == Pattern::AllReduce) {
+  using namespace detail;
+  constexpr PatternTraits kTraits = pattern_traits(P);
+  constexpr int kE = kElemsPerVec<T>;
+  if constexpr (!kTraits.norm) {
     for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) store_row(out, token, vecs_per_token, v, fetch(v));
   } else {
     // Residual add: y = T(sum + residual), the pre-norm output; sum of squares of the rounded y.
@@ -147,20 +141,20 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
     const int hidden = vecs_per_token * kE;
     const float s = 1.0f / sqrtf(ctx.sum(squares) / static_cast<float>(hidden) + e.eps);
 
-    if constexpr (P == Pattern::ResidualRmsNorm || P == Pattern::ResidualRmsNormFp8) {
-      const float inv_scale = P == Pattern::ResidualRmsNormFp8 ? 1.0f / *e.scale : 0.0f;
+    if constexpr (kTraits.quant == Quant::None || kTraits.quant == Quant::Fp8Static) {
+      const float inv_scale = kTraits.quant == Quant::Fp8Static ? 1.0f / *e.scale : 0.0f;
       std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
       for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
         const Elems<T> n = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
         if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
-        if constexpr (P == Pattern::ResidualRmsNormFp8) {
+        if constexpr (kTraits.quant == Quant::Fp8Static) {
           std::uint8_t q[kE];
           FIAR_UNROLL
           for (int i = 0; i < kE; ++i) q[i] = to_fp8_e4m3(to_float(n.e[i]) * inv_scale);
           store_fp8<T>(qrow, v, q);
         }
       }
-    } else if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) {
+    } else if constexpr (kTraits.quant == Quant::Fp8Dynamic) {
       float amax = 0.0f;
       for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
         const Elems<T> n = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
@@ -179,7 +173,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
       }
       if (ctx.lane() == 0) e.scale_out[token] = token_scale;
     } else {
-      static_assert(P == Pattern::ResidualRmsNormNvfp4, "unknown pattern");
+      static_assert(kTraits.quant == Quant::Nvfp4, "a pattern row names a quantization this epilogue has no math for");
       // One 16-element block = two vectors of 16-bit elements per lane. Float input is rejected on the
       // host before any launch; its instantiation compiles to nothing.
       if constexpr (kE == 8) {
@@ -226,7 +220,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void finish_call_outputs(Ctx& ctx, const EpilogueParams<T>& e, int num_tokens, int hidden) {
-  if constexpr (P == Pattern::ResidualRmsNormNvfp4) {
+  if constexpr (pattern_traits(P).quant == Quant::Nvfp4) {
     if (e.layout != ScaleLayout::Swizzled128x4) return;
     const int cols = round_up(nvfp4_scale_cols(hidden), 4);
     for (int m = num_tokens + ctx.block(); m < round_up(num_tokens, 128); m += ctx.blocks()) {
@@ -237,4 +231,4 @@ FIAR_HD void finish_call_outputs(Ctx& ctx, const EpilogueParams<T>& e, int num_t
 }
 
 }  // namespace algo
-}  // namespace fiar::inline v0_1
+FIAR_END_NAMESPACE

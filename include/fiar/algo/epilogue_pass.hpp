@@ -1,40 +1,61 @@
-// fiar/algo/epilogue_pass.hpp — the fused epilogue as a pass of its own, over a sum that is already reduced
-// (the nccl backend: ncclAllReduce first, then this pass). Written once against an execution context.
-// Contract: the same per-token epilogue as the Lamport kernels (finish_token / finish_call_outputs), so the
-// outputs are those of the trtllm and mnnvl backends given the same sum; a token is handled by one block.
+// fiar/algo/epilogue_pass.hpp — the fused epilogue as a pass of its own, over a sum that is already reduced (the
+// nccl backend: ncclAllReduce first, then this pass), and the operation (EpiloguePass) that launches it.
+// Contract: the same per-token epilogue as the Lamport kernels (finish_token / finish_call_outputs), so the outputs
+// are those of the trtllm and mnnvl backends given the same sum; a token is handled by one block.
 #pragma once
 
 #include <cstddef>
 
-#include "../detail/convert.hpp"
-#include "../detail/hd.hpp"
-#include "../dtype.hpp"
+#include "../core/dtype.hpp"
+#include "../core/pattern.hpp"
+#include "../core/prelude.hpp"
+#include "../exec/context.hpp"
+#include "../exec/vec.hpp"
+#include "convert.hpp"
 #include "epilogue.hpp"
 
-namespace fiar::inline v0_1::algo {
+FIAR_BEGIN_NAMESPACE
+namespace algo {
 
 /// Everything one rank's epilogue pass needs for one call.
 template <ReduceType T>
 struct EpiloguePassParams {
-  const T* sum;         ///< [num_tokens, hidden_dim]: the reduced all-reduce result (never aliases an output)
-  T* out;               ///< Pattern::AllReduce only: where the sum is copied (the fused patterns ignore it)
+  const T* sum;           ///< [num_tokens, hidden_dim]: the reduced all-reduce result (never aliases an output)
+  T* out;                 ///< Pattern::AllReduce only: where the sum is copied (the fused patterns ignore it)
   int num_tokens;
-  int vecs_per_token;   ///< hidden_dim * sizeof(T) / 16
+  int vecs_per_token;     ///< hidden_dim * sizeof(T) / 16
   EpilogueParams<T> epi;  ///< the fused outputs
 };
 
-/// Block-strided over the tokens: each token's reduced vectors are read from `sum` and handed to the
-/// pattern's epilogue (residual add, RMSNorm, FP8 / NVFP4 quantization); then the call-wide outputs (the
-/// padding rows of a swizzled NVFP4 scale tensor). Every lane of every block must call it.
+/// Block-strided over the tokens: each token's reduced vectors are read from `sum` and handed to the pattern's
+/// epilogue (residual add, RMSNorm, FP8 / NVFP4 quantization); then the call-wide outputs (the padding rows of a
+/// swizzled NVFP4 scale tensor). Every lane of every block must call it.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void epilogue_pass(Ctx& ctx, const EpiloguePassParams<T>& p) {
-  using fiar::detail::Vec16;
   for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
     const Vec16* row = reinterpret_cast<const Vec16*>(p.sum) + static_cast<std::size_t>(t) * p.vecs_per_token;
     finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [row](int v) { return row[v]; });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * fiar::detail::kElemsPerVec<T>);
+  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 }
 
-}  // namespace fiar::inline v0_1::algo
+/// The operation of the epilogue pass: the grid of the Lamport kernels (one block per token).
+template <Pattern P, ReduceType T>
+struct EpiloguePass {
+  using Params = EpiloguePassParams<T>;
+  static constexpr const char* name = "epilogue pass";
+  static constexpr int max_threads = 1024;
+  static constexpr int min_blocks_per_sm = 0;
+  static constexpr exec::LaunchShape shape(const Params& p, const exec::LaunchLimits& limits) {
+    return exec::per_token_shape(p.num_tokens, p.vecs_per_token, limits.max_blocks);
+  }
+  FIAR_EXEC_CHECK_DISABLE
+  template <class Ctx>
+  FIAR_HD static void run(Ctx& ctx, const Params& p) {
+    epilogue_pass<P, T>(ctx, p);
+  }
+};
+
+}  // namespace algo
+FIAR_END_NAMESPACE

@@ -1,25 +1,23 @@
-// fiar/algo/lamport.hpp — the Lamport protocols of the trtllm and mnnvl backends, written once against an
-// execution context and a transport.
-// Contract: lamport_oneshot and lamport_twoshot run unchanged on the GPU (DeviceCtx) and in the host
-// emulator (HostCtx); every rank gets identical bits (fixed rank order, fp32); all state lives in the
-// workspace, so the kernels are CUDA-graph safe; every wait ends by the deadline. The transport only
-// changes how a value reaches every rank: W unicast stores (trtllm) or one multicast store (mnnvl).
+// fiar/algo/lamport.hpp — the Lamport protocols of the trtllm and mnnvl backends, written once against an execution
+// context and a transport, and the operations (LamportOneShot, LamportTwoShot) that launch them.
+// Contract: lamport_oneshot and lamport_twoshot run unchanged on the GPU (DeviceCtx) and in the host emulator
+// (HostCtx); every rank gets identical bits (fixed rank order, fp32); all state lives in the workspace, so the
+// kernels are CUDA-graph safe; every wait ends by the deadline. The transport only changes how a value reaches every
+// rank: W unicast stores (trtllm) or one multicast store (mnnvl).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
-#include "../detail/convert.hpp"
-#include "../detail/hd.hpp"
-#include "../dtype.hpp"
+#include "../core/dtype.hpp"
+#include "../core/pattern.hpp"
+#include "../core/prelude.hpp"
+#include "../exec/context.hpp"
+#include "../exec/vec.hpp"
+#include "convert.hpp"
 #include "epilogue.hpp"
 
-namespace fiar::inline v0_1 {
-
-/// One-shot (every rank reduces everything) or two-shot (reduce-scatter, then all-gather).
-enum class Strategy { Auto, OneShot, TwoShot };
-
+FIAR_BEGIN_NAMESPACE
 namespace algo {
 
 /// Most ranks a Lamport kernel addresses (MnnvlPolicy::max_world_size; trtllm stops at 16).
@@ -30,25 +28,11 @@ inline constexpr int kMaxRanks = 64;
 /// (mnnvl). Stores to a single rank (two-shot scatter) and all loads are unicast either way.
 enum class Transport { Unicast, Multicast };
 
-/// The group's multicast mapping of the Lamport region, as a kernel sees it. On the GPU a store through
-/// `address + offset` lands at `offset` in every member's region (multimem.st). The host emulator has no
-/// switch: it performs that replication itself, into `members` (each member's region, in rank order).
-struct MulticastView {
-  std::uint32_t* address = nullptr;          ///< GPU: the multicast mapping (null on the host emulator)
-  std::uint32_t* const* members = nullptr;   ///< host emulator: where a multicast store lands
-  int member_count = 0;
-  std::uint32_t* stores = nullptr;           ///< host emulator: counts this rank's multicast stores (tests)
-};
+/// The group's multicast mapping of the Lamport region, as a kernel sees it (exec/context.hpp).
+using MulticastView = exec::MulticastView;
 
 /// Lamport buffers that rotate: a rank is at most one call ahead of its slowest peer.
 inline constexpr int kLamportBuffers = 3;
-
-/// What a platform's allocate_multicast returns: every rank's region as mapped here (unicast, rank order),
-/// and the group's multicast mapping of the same memory.
-struct MulticastRegion {
-  std::vector<std::uint32_t*> peers;
-  MulticastView view;
-};
 
 /// Protocol state of one rank, in that rank's memory, advanced only by the kernels.
 struct LamportState {
@@ -89,17 +73,17 @@ struct LamportParams {
 /// Words a call of `tokens` tokens writes into one Lamport buffer.
 FIAR_HD constexpr std::size_t oneshot_words(int world, int tokens, int vecs_per_token) {
   return static_cast<std::size_t>(world) * static_cast<std::size_t>(tokens) * static_cast<std::size_t>(vecs_per_token) *
-         detail::kWordsPerVec;
+         exec::kWordsPerVec;
 }
 FIAR_HD constexpr int twoshot_chunk(int world, int tokens) { return (tokens + world - 1) / world; }
 FIAR_HD constexpr std::size_t twoshot_words(int world, int tokens, int vecs_per_token) {
   const std::size_t scatter = static_cast<std::size_t>(world) * static_cast<std::size_t>(twoshot_chunk(world, tokens));
-  return (scatter + static_cast<std::size_t>(tokens)) * static_cast<std::size_t>(vecs_per_token) * detail::kWordsPerVec;
+  return (scatter + static_cast<std::size_t>(tokens)) * static_cast<std::size_t>(vecs_per_token) * exec::kWordsPerVec;
 }
 
-namespace detail_lamport {
+namespace detail {
 
-using fiar::detail::Vec16;
+using exec::Vec16;
 
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
@@ -117,7 +101,7 @@ template <class Ctx>
 FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, std::uint64_t deadline, ErrorRecord* error, int peer,
                           bool relayed, std::uint32_t call) {
   Vec16 v = ctx.load16(p);
-  while (fiar::detail::has_sentinel(v)) {
+  while (exec::has_sentinel(v)) {
     if (ctx.now_ns() > deadline) {
       record_timeout(ctx, error, peer, relayed, call);
       break;
@@ -133,11 +117,11 @@ FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline void clear(Ctx& ctx, std::uint32_t* buffer, std::size_t words) {
   const std::size_t stride = static_cast<std::size_t>(ctx.lanes()) * static_cast<std::size_t>(ctx.blocks()) *
-                             fiar::detail::kWordsPerVec;
+                             fiar::exec::kWordsPerVec;
   std::size_t i = (static_cast<std::size_t>(ctx.block()) * static_cast<std::size_t>(ctx.lanes()) +
                    static_cast<std::size_t>(ctx.lane())) *
-                  fiar::detail::kWordsPerVec;
-  for (; i < words; i += stride) ctx.store16(buffer + i, fiar::detail::sentinel_vec());
+                  fiar::exec::kWordsPerVec;
+  for (; i < words; i += stride) ctx.store16(buffer + i, exec::sentinel_vec());
 }
 
 // Clears the previous call's buffer, then one lane per block fences at system scope: with the block
@@ -184,11 +168,11 @@ FIAR_HD inline void store_to_all(Ctx& ctx, const LamportParams<T>& p, std::size_
 template <ReduceType T>
 FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
   const Vec16* row = reinterpret_cast<const Vec16*>(p.in) + static_cast<std::size_t>(token) * p.vecs_per_token;
-  return fiar::detail::sanitize<sizeof(T)>(row[vec]);
+  return exec::sanitize<sizeof(T)>(row[vec]);
 }
 
 
-}  // namespace detail_lamport
+}  // namespace detail
 
 /// Lamport one-shot. Each rank stores its input into slot [rank] of every rank's current buffer (W unicast
 /// stores, or one multicast store), clears the buffer of the previous call, then polls the W slots of its
@@ -196,14 +180,14 @@ FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
-  using namespace detail_lamport;
+  using namespace detail;
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
   const std::uint32_t call = ctx.load_acquire(&p.state->call);
   const std::size_t cur = (call % kLamportBuffers) * p.buffer_words;
   const std::size_t prev = ((call + kLamportBuffers - 1) % kLamportBuffers) * p.buffer_words;
   const std::size_t vecs = static_cast<std::size_t>(p.vecs_per_token);
   auto slot = [&](int source, int token, int vec) {
-    return ((static_cast<std::size_t>(source) * p.num_tokens + token) * vecs + vec) * fiar::detail::kWordsPerVec;
+    return ((static_cast<std::size_t>(source) * p.num_tokens + token) * vecs + vec) * fiar::exec::kWordsPerVec;
   };
 
   // 1. Push this rank's input to every rank.
@@ -219,15 +203,15 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   // 3. Poll and reduce in rank order (identical bits on every rank), then the pattern's epilogue.
   for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
     finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [&](int v) {
-      fiar::detail::FloatPack<T> acc{};
+      FloatPack<T> acc{};
       for (int r = 0; r < p.world_size; ++r) {
         const Vec16 y = poll(ctx, p.buffers[p.rank] + cur + slot(r, t, v), deadline, p.error, r, false, call);
-        fiar::detail::unpack_add<T>(y, acc);
+        unpack_add<T>(y, acc);
       }
-      return fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc));
+      return exec::sanitize<sizeof(T)>(pack<T>(acc));
     });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * fiar::detail::kElemsPerVec<T>);
+  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
   finish_call(ctx, p.state, call, static_cast<std::uint32_t>(oneshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
 }
@@ -240,19 +224,19 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
-  using namespace detail_lamport;
+  using namespace detail;
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
   const std::uint32_t call = ctx.load_acquire(&p.state->call);
   const std::size_t cur = (call % kLamportBuffers) * p.buffer_words;
   const std::size_t prev = ((call + kLamportBuffers - 1) % kLamportBuffers) * p.buffer_words;
   const std::size_t vecs = static_cast<std::size_t>(p.vecs_per_token);
   const int chunk = twoshot_chunk(p.world_size, p.num_tokens);
-  const std::size_t gather_base = static_cast<std::size_t>(p.world_size) * chunk * vecs * fiar::detail::kWordsPerVec;
+  const std::size_t gather_base = static_cast<std::size_t>(p.world_size) * chunk * vecs * fiar::exec::kWordsPerVec;
   auto scatter_slot = [&](int source, int local_token, int vec) {
-    return ((static_cast<std::size_t>(source) * chunk + local_token) * vecs + vec) * fiar::detail::kWordsPerVec;
+    return ((static_cast<std::size_t>(source) * chunk + local_token) * vecs + vec) * fiar::exec::kWordsPerVec;
   };
   auto gather_slot = [&](int token, int vec) {
-    return gather_base + (static_cast<std::size_t>(token) * vecs + vec) * fiar::detail::kWordsPerVec;
+    return gather_base + (static_cast<std::size_t>(token) * vecs + vec) * fiar::exec::kWordsPerVec;
   };
 
   // 1. Scatter: each token's input goes to its owner.
@@ -271,13 +255,13 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   const int owned = first >= p.num_tokens ? 0 : (first + chunk <= p.num_tokens ? chunk : p.num_tokens - first);
   for (int lt = ctx.block(); lt < owned; lt += ctx.blocks()) {
     for (int v = ctx.lane(); v < p.vecs_per_token; v += ctx.lanes()) {
-      fiar::detail::FloatPack<T> acc{};
+      FloatPack<T> acc{};
       for (int r = 0; r < p.world_size; ++r) {
         const Vec16 y = poll(ctx, p.buffers[p.rank] + cur + scatter_slot(r, lt, v), deadline, p.error, r, false, call);
-        fiar::detail::unpack_add<T>(y, acc);
+        unpack_add<T>(y, acc);
       }
       store_to_all<X>(ctx, p, cur + gather_slot(first + lt, v),
-                      fiar::detail::sanitize<sizeof(T)>(fiar::detail::pack<T>(acc)));
+                      exec::sanitize<sizeof(T)>(pack<T>(acc)));
     }
   }
 
@@ -288,10 +272,41 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
       return poll(ctx, p.buffers[p.rank] + cur + gather_slot(t, v), deadline, p.error, owner, true, call);
     });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * fiar::detail::kElemsPerVec<T>);
+  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
   finish_call(ctx, p.state, call, static_cast<std::uint32_t>(twoshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
 }
 
+/// The operations of the Lamport protocols: their parameters are LamportParams<T>, their grid one block per token
+/// (per_token_shape), and run() the protocol over transport X. Backends derive their named operations from these
+/// (TrtllmOneShot, MnnvlTwoShot, ...), so that profiles show which backend ran.
+template <Transport X, Pattern P, ReduceType T>
+struct LamportOneShot {
+  using Params = LamportParams<T>;
+  static constexpr const char* name = "lamport one-shot";
+  static constexpr int max_threads = 1024;
+  // The multicast kernels promise one resident block per SM: with ptxas's default heuristics the two-shot
+  // half/bf16 kernel spilled on sm_90a (scripts/ctx-cost checks every kernel).
+  static constexpr int min_blocks_per_sm = X == Transport::Multicast ? 1 : 0;
+  static constexpr exec::LaunchShape shape(const Params& p, const exec::LaunchLimits& limits) {
+    return exec::per_token_shape(p.num_tokens, p.vecs_per_token, limits.max_blocks);
+  }
+  FIAR_EXEC_CHECK_DISABLE
+  template <class Ctx>
+  FIAR_HD static void run(Ctx& ctx, const Params& p) {
+    lamport_oneshot<P, T, X>(ctx, p);
+  }
+};
+
+template <Transport X, Pattern P, ReduceType T>
+struct LamportTwoShot : LamportOneShot<X, P, T> {
+  static constexpr const char* name = "lamport two-shot";
+  FIAR_EXEC_CHECK_DISABLE
+  template <class Ctx>
+  FIAR_HD static void run(Ctx& ctx, const typename LamportOneShot<X, P, T>::Params& p) {
+    lamport_twoshot<P, T, X>(ctx, p);
+  }
+};
+
 }  // namespace algo
-}  // namespace fiar::inline v0_1
+FIAR_END_NAMESPACE

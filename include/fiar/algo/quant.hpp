@@ -18,16 +18,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../detail/hd.hpp"
+#include "../core/pattern.hpp"
+#include "../core/prelude.hpp"
 
-namespace fiar::inline v0_1 {
-
-/// Where the NVFP4 block scales of token m, 16-element block k go.
-enum class ScaleLayout {
-  Swizzled128x4,  ///< the tiled layout block-scaled GEMMs read: rows padded to 128, columns to 4
-  Linear,         ///< row-major [num_tokens, hidden_dim / 16]
-};
-
+FIAR_BEGIN_NAMESPACE
 namespace algo {
 
 /// Largest finite e4m3 value, and e2m1's.
@@ -90,4 +84,4 @@ FIAR_HD constexpr std::size_t nvfp4_scale_offset(int m, int k, int hidden_dim, S
 }
 
 }  // namespace algo
-}  // namespace fiar::inline v0_1
+FIAR_END_NAMESPACE

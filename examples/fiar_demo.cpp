@@ -1,0 +1,625 @@
+// fiar-demo — runs real all-reduces through fiar and verifies every rank's result against an independent
+// reference: on the GPU (one thread per rank, each with its own stream) or on the host emulator.
+// Exit status: 0 every iteration on every rank matched, 1 a mismatch or failure, 2 the configuration is
+// rejected (the std::invalid_argument message on stderr; nothing run).
+#include <fiar/fiar.hpp>
+
+#include "cli.hpp"
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using fiar_cli::parse_int;
+using fiar_cli::UsageError;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitRejected = 2;
+
+constexpr const char* kUsage = R"(usage: fiar-demo [options]
+
+  --platform host|cuda      where to run (default: cuda when a usable GPU exists, else host)
+  --backend NAME            auto, trtllm, mnnvl or nccl (default: $FIAR_ALLREDUCE_BACKEND, else auto)
+  --world-size N            ranks (default: GPUs present, else 4); on cuda, ranks beyond the GPU count
+                            share GPUs (several ranks per GPU)
+  --nodes N                 nodes the host emulator reports (default 1)
+  --multicast yes|no|broken NVLink multicast on the host emulator (default no); broken: reported by the
+                            topology but its setup fails on the machine (bridged NVLink), which shows
+                            auto's fallback from mnnvl to trtllm
+  --arch sm_90|sm_100       architecture the host emulator reports (default sm_90)
+  --dtype float|half|bf16   element type (default bf16)
+  --tokens N                tokens per call (default 16)
+  --hidden N                hidden size (default 4096)
+  --iterations N            calls per rank (default 10)
+  --strategy auto|oneshot|twoshot   (default auto)
+  --pattern NAME            allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic
+                            or residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+) (default allreduce)
+  -h, --help
+
+exit status: 0 all results matched, 1 mismatch or failure, 2 configuration rejected
+)";
+
+struct Options {
+  std::string platform;  // "" = choose
+  std::optional<fiar::Backend> backend;
+  std::optional<int> world_size;
+  int nodes = 1;
+  bool multicast = false;         // the topology reports multicast
+  bool multicast_broken = false;  // ... but setting it up fails on the (emulated) machine
+  int arch = 90;
+  std::string dtype = "bf16";
+  int tokens = 16;
+  int hidden = 4096;
+  int iterations = 10;
+  fiar::Strategy strategy = fiar::Strategy::Auto;
+  fiar::Pattern pattern = fiar::Pattern::AllReduce;
+};
+
+template <class... Choices>
+std::string parse_choice(std::string_view flag, std::string_view text, Choices... choices) {
+  for (std::string_view c : {std::string_view(choices)...}) {
+    if (text == c) return std::string(text);
+  }
+  std::string list;
+  for (std::string_view c : {std::string_view(choices)...}) list += (list.empty() ? "" : ", ") + std::string(c);
+  throw UsageError(std::string(flag) + " " + fiar_cli::quoted(text) + ": expected one of " + list);
+}
+
+bool usable_gpu(int& count, std::string& why) {
+  count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    why = e != cudaSuccess ? fiar_cli::describe_cuda(e) : "no CUDA device found";
+    (void)cudaGetLastError();
+    count = 0;
+    return false;
+  }
+  return true;
+}
+
+Options parse(int argc, char** argv, bool& help) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const auto [arg, value] = fiar_cli::next_option(argc, argv, i);
+    if (arg == "--help") {
+      help = true;
+      continue;
+    }
+    if (arg == "--platform") {
+      o.platform = parse_choice(arg, value, "host", "cuda");
+    } else if (arg == "--backend") {
+      o.backend = fiar::parse_backend(value);
+    } else if (arg == "--world-size") {
+      o.world_size = parse_int(arg, value, 1);
+    } else if (arg == "--nodes") {
+      o.nodes = parse_int(arg, value, 1);
+    } else if (arg == "--multicast") {
+      const std::string m = parse_choice(arg, value, "yes", "no", "broken");
+      o.multicast = m != "no";
+      o.multicast_broken = m == "broken";
+    } else if (arg == "--arch") {
+      o.arch = parse_choice(arg, value, "sm_90", "sm_100") == "sm_90" ? 90 : 100;
+    } else if (arg == "--dtype") {
+      o.dtype = parse_choice(arg, value, "float", "half", "bf16");
+    } else if (arg == "--tokens") {
+      o.tokens = parse_int(arg, value, 1);
+    } else if (arg == "--hidden") {
+      o.hidden = parse_int(arg, value, 1);
+    } else if (arg == "--iterations") {
+      o.iterations = parse_int(arg, value, 1);
+    } else if (arg == "--strategy") {
+      const std::string s = parse_choice(arg, value, "auto", "oneshot", "twoshot");
+      o.strategy = s == "oneshot" ? fiar::Strategy::OneShot : s == "twoshot" ? fiar::Strategy::TwoShot : fiar::Strategy::Auto;
+    } else if (arg == "--pattern") {
+      const std::string p = parse_choice(arg, value, "allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8",
+                                         "residual_rmsnorm_fp8_dynamic", "residual_rmsnorm_nvfp4");
+      for (fiar::Pattern c : {fiar::Pattern::AllReduce, fiar::Pattern::ResidualRmsNorm, fiar::Pattern::ResidualRmsNormFp8,
+                              fiar::Pattern::ResidualRmsNormFp8Dynamic, fiar::Pattern::ResidualRmsNormNvfp4}) {
+        if (p == fiar::to_string(c)) o.pattern = c;
+      }
+    } else {
+      throw UsageError("unknown option " + fiar_cli::quoted(arg));
+    }
+  }
+  return o;
+}
+
+// ---- the independent reference: fp64 sums of the same inputs, and the documented error bound ----
+
+// Input element i of rank r at iteration it: a deterministic mix of magnitudes and signs, zeros included.
+float input_value(int r, int it, std::size_t i) {
+  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ static_cast<std::uint32_t>(r * 40503 + it * 9973);
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  if (h % 97 == 0) return (h & 1) ? -0.0f : 0.0f;
+  const float unit = static_cast<float>(h % 20001) / 10000.0f - 1.0f;  // [-1, 1]
+  return unit * std::ldexp(1.0f, static_cast<int>((h >> 20) % 6) - 2);
+}
+
+template <class T>
+double unit_roundoff() {
+  return std::is_same_v<T, float> ? std::ldexp(1.0, -24) : std::is_same_v<T, __half> ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+}
+
+// The spacing of T's subnormals (its smallest positive value): rounding a result near zero to T may be off by up to
+// half of it whatever the relative bound says, so every bound below carries it as an absolute term.
+template <class T>
+double subnormal_step() {
+  return std::is_same_v<T, float> ? std::ldexp(1.0, -149) : std::is_same_v<T, __half> ? std::ldexp(1.0, -24) : std::ldexp(1.0, -133);
+}
+
+struct RankResult {
+  fiar::Backend backend = fiar::Backend::Auto;  // what ran
+  bool fell_back = false;
+  fiar::Strategy strategy = fiar::Strategy::Auto;  // what the last call ran
+  long mismatches = 0;
+  double max_error = 0;
+  std::vector<unsigned char> last_bytes;  // the last outputs, to compare across ranks
+  std::string error;
+};
+
+// Where a rank's tensors live: host memory on the emulator, device memory (one stream) on the GPU.
+struct Memory {
+  virtual ~Memory() = default;
+  virtual void* alloc(std::size_t bytes) = 0;
+  virtual void upload(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void sync() = 0;
+  virtual cudaStream_t stream() = 0;
+};
+
+struct HostMemory final : Memory {
+  std::vector<std::unique_ptr<unsigned char[]>> blocks;
+  void* alloc(std::size_t bytes) override {
+    blocks.emplace_back(new (std::align_val_t(64)) unsigned char[bytes + 64]());
+    return blocks.back().get();
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void sync() override {}
+  cudaStream_t stream() override { return nullptr; }
+  ~HostMemory() override {
+    for (auto& b : blocks) ::operator delete[](b.release(), std::align_val_t(64));
+  }
+};
+
+struct DeviceMemory final : Memory {
+  cudaStream_t s = nullptr;
+  std::vector<void*> blocks;
+  explicit DeviceMemory(int rank) {
+    if (const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
+      throw std::runtime_error("fiar-demo: cudaStreamCreateWithFlags on rank " + std::to_string(rank) + ": " +
+                               fiar_cli::describe_cuda(e));
+    }
+  }
+  void* alloc(std::size_t bytes) override {
+    void* p = nullptr;
+    if (const cudaError_t e = cudaMalloc(&p, bytes + 64); e != cudaSuccess) {
+      throw std::runtime_error("fiar-demo: cudaMalloc(" + std::to_string(bytes) + "): " + fiar_cli::describe_cuda(e) +
+                               ". Check free GPU memory (nvidia-smi).");
+    }
+    (void)cudaMemset(p, 0, bytes + 64);
+    blocks.push_back(p);
+    return p;
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) override {
+    (void)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);
+  }
+  void download(void* dst, const void* src, std::size_t bytes) override {
+    (void)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+    (void)cudaStreamSynchronize(s);
+  }
+  void sync() override { (void)cudaStreamSynchronize(s); }
+  cudaStream_t stream() override { return s; }
+  ~DeviceMemory() override {
+    (void)cudaStreamSynchronize(s);
+    for (void* p : blocks) (void)cudaFree(p);
+    (void)cudaStreamDestroy(s);
+  }
+};
+
+template <class T>
+void verify(const std::vector<T>& out, int world, int it, RankResult& res) {
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    double exact = 0, abs_sum = 0;
+    for (int r = 0; r < world; ++r) {
+      const double x = static_cast<double>(fiar::algo::to_float(fiar::algo::from_float<T>(input_value(r, it, i))));
+      exact += x;
+      abs_sum += std::fabs(x);
+    }
+    const double got = static_cast<double>(fiar::algo::to_float(out[i]));
+    const double err = std::fabs(got - exact);
+    const double bound =
+        unit_roundoff<T>() * std::fabs(exact) + (world - 1) * std::ldexp(1.0, -24) * abs_sum + subnormal_step<T>();
+    if (!(err <= bound * (1 + 1e-6))) ++res.mismatches;
+    res.max_error = std::max(res.max_error, err);
+  }
+}
+
+// Sized for the shape the demo runs; a forced one-shot needs buffers for one-shot at every token count.
+fiar::WorkspaceConfig demo_config(const Options& o) {
+  fiar::WorkspaceConfig cfg;
+  cfg.max_token_num = o.tokens;
+  cfg.hidden_dim = o.hidden;
+  cfg.oneshot_at_max_tokens = o.strategy == fiar::Strategy::OneShot;
+  return cfg;
+}
+
+template <class T>
+float f32(T x) {
+  return fiar::algo::to_float(x);
+}
+template <class T>
+T round_to(float x) {
+  return fiar::algo::from_float<T>(x);
+}
+
+// Verifies one call of a fused pattern on one rank: residual_out bit-exact against the fp32 rank-order sum
+// plus the residual; norm_out within one ulp of T of the fp64 RMSNorm (plus one subnormal step of T, for results
+// that round into T's subnormal range); the quantized outputs bit-exact against the quantization of the kernel's own
+// norm_out.
+template <class T>
+void verify_fused(const Options& o, int world, int it, const std::vector<T>& residual, const std::vector<T>& gamma,
+                  const std::vector<T>& residual_out, const std::vector<T>& norm, const std::vector<std::uint8_t>& quant,
+                  const std::vector<float>& scale_out, const std::vector<std::uint8_t>& block_scales, float scale,
+                  RankResult& res) {
+  const int H = o.hidden;
+  const double ulp = unit_roundoff<T>() * 2;
+  for (int t = 0; t < o.tokens; ++t) {
+    double squares = 0;
+    std::vector<float> y(static_cast<std::size_t>(H));
+    for (int h = 0; h < H; ++h) {
+      const std::size_t i = static_cast<std::size_t>(t) * H + h;
+      float acc = 0.0f;
+      for (int r = 0; r < world; ++r) acc += f32(round_to<T>(input_value(r, it, i))) + 0.0f;
+      T sum = round_to<T>(acc);
+      if (f32(sum) == 0.0f) sum = round_to<T>(0.0f);
+      const T yy = round_to<T>(f32(sum) + f32(residual[i]));
+      if (f32(yy) != f32(residual_out[i])) ++res.mismatches;
+      y[static_cast<std::size_t>(h)] = f32(yy);
+      squares += static_cast<double>(f32(yy)) * f32(yy);
+    }
+    const double inv_rms = 1.0 / std::sqrt(squares / H + 1e-6);
+    float amax = 0.0f;
+    for (int h = 0; h < H; ++h) {
+      const std::size_t i = static_cast<std::size_t>(t) * H + h;
+      const double want = y[static_cast<std::size_t>(h)] * inv_rms * f32(gamma[static_cast<std::size_t>(h)]);
+      const double err = std::fabs(f32(norm[i]) - want);
+      if (err > ulp * std::fabs(want) + 1e-6 * std::fabs(want) + subnormal_step<T>()) ++res.mismatches;
+      res.max_error = std::max(res.max_error, err);
+      amax = std::max(amax, std::fabs(f32(norm[i])));
+    }
+    if (o.pattern == fiar::Pattern::ResidualRmsNormFp8 || o.pattern == fiar::Pattern::ResidualRmsNormFp8Dynamic) {
+      const bool dynamic = o.pattern == fiar::Pattern::ResidualRmsNormFp8Dynamic;
+      const float token_scale = std::max(amax / 448.0f, 1.0f / (512.0f * 448.0f));
+      if (dynamic && scale_out[static_cast<std::size_t>(t)] != token_scale) ++res.mismatches;
+      for (int h = 0; h < H; ++h) {
+        const std::size_t i = static_cast<std::size_t>(t) * H + h;
+        const float q = dynamic ? f32(norm[i]) / token_scale : f32(norm[i]) * (1.0f / scale);
+        if (quant[i] != static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3))) ++res.mismatches;
+      }
+    } else if (o.pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
+      for (int k = 0; k < H / 16; ++k) {
+        float block_max = 0.0f;
+        for (int j = 0; j < 16; ++j) block_max = std::max(block_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j])));
+        const auto sf = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(scale * block_max / 6.0f, __NV_SATFINITE, __NV_E4M3));
+        if (block_scales[fiar::algo::nvfp4_scale_offset(t, k, H, fiar::ScaleLayout::Swizzled128x4)] != sf) ++res.mismatches;
+        const float sf_value = __half2float(__half(__nv_cvt_fp8_to_halfraw(sf, __NV_E4M3)));
+        const float factor = sf_value == 0.0f ? 0.0f : scale / sf_value;
+        for (int j = 0; j < 16; ++j) {
+          const std::uint8_t byte = quant[static_cast<std::size_t>(t) * (H / 2) + (k * 16 + j) / 2];
+          const std::uint8_t nibble = j % 2 == 0 ? (byte & 0xf) : (byte >> 4);
+          const float n = f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j]);
+          if (nibble != (__nv_cvt_float_to_fp4(n * factor, __NV_E2M1, cudaRoundNearest) & 0xf)) ++res.mismatches;
+        }
+      }
+    }
+  }
+}
+
+template <fiar::Pattern P, class T, class Platform>
+RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, const Options& o,
+                    fiar::Backend requested, const typename Platform::Options& popts, Memory& mem) {
+  RankResult res;
+  // The backend every rank agrees on (with auto's fallback from mnnvl to trtllm where allowed).
+  auto ws = fiar::make_workspace<T, Platform>(boot, topo, demo_config(o), requested, popts);
+  res.backend = ws.backend();
+  res.fell_back = ws.fell_back();
+  const std::size_t count = static_cast<std::size_t>(o.tokens) * o.hidden;
+  const std::size_t bytes = count * sizeof(T);
+  constexpr bool fused = P != fiar::Pattern::AllReduce;
+  constexpr bool nvfp4 = P == fiar::Pattern::ResidualRmsNormNvfp4;
+  const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
+  const std::size_t sf_bytes = fiar::algo::nvfp4_scale_bytes(o.tokens, o.hidden, fiar::ScaleLayout::Swizzled128x4);
+  const float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;  // nvfp4 global scale, or the static fp8 scale
+  std::vector<T> host_in(count), host_out(count), residual(count), gamma(static_cast<std::size_t>(o.hidden)), norm(count),
+      residual_out(count);
+  std::vector<std::uint8_t> quant(quant_bytes), block_scales(sf_bytes);
+  std::vector<float> scale_out(static_cast<std::size_t>(o.tokens));
+  for (int h = 0; h < o.hidden; ++h) gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * static_cast<float>(h % 5));
+  fiar::FusedArgs<T> a;
+  a.num_tokens = o.tokens;
+  a.in = static_cast<T*>(mem.alloc(bytes));
+  if constexpr (!fused) {
+    a.out = static_cast<T*>(mem.alloc(bytes));
+  } else {
+    a.residual_in = static_cast<T*>(mem.alloc(bytes));
+    a.residual_out = static_cast<T*>(mem.alloc(bytes));
+    a.gamma = static_cast<T*>(mem.alloc(static_cast<std::size_t>(o.hidden) * sizeof(T)));
+    a.norm_out = static_cast<T*>(mem.alloc(bytes));
+    a.eps = 1e-6f;
+    mem.upload(const_cast<T*>(a.gamma), gamma.data(), gamma.size() * sizeof(T));
+  }
+  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8 || nvfp4) {
+    float* s = static_cast<float*>(mem.alloc(sizeof(float)));
+    mem.upload(s, &scale, sizeof(float));
+    a.scale = s;
+  }
+  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8 || P == fiar::Pattern::ResidualRmsNormFp8Dynamic || nvfp4) {
+    a.quant_out = mem.alloc(quant_bytes);
+  }
+  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Dynamic) a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
+  if constexpr (nvfp4) a.block_scale_out = mem.alloc(sf_bytes);
+  mem.sync();
+  for (int it = 0; it < o.iterations; ++it) {
+    for (std::size_t i = 0; i < count; ++i) {
+      host_in[i] = round_to<T>(input_value(topo.rank, it, i));
+      residual[i] = round_to<T>(input_value(1000, it, i));
+    }
+    mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
+    if constexpr (fused) mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
+    ws.template run<P>(a, mem.stream(), o.strategy);
+    mem.sync();
+    ws.check();
+    res.strategy = ws.last_strategy();
+    if constexpr (!fused) {
+      mem.download(host_out.data(), a.out, bytes);
+      verify<T>(host_out, topo.world_size, it, res);
+    } else {
+      mem.download(residual_out.data(), a.residual_out, bytes);
+      mem.download(norm.data(), a.norm_out, bytes);
+      if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
+      if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
+      if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
+      verify_fused<T>(o, topo.world_size, it, residual, gamma, residual_out, norm, quant, scale_out, block_scales, scale, res);
+    }
+  }
+  auto append = [&res](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    res.last_bytes.insert(res.last_bytes.end(), b, b + n);
+  };
+  if constexpr (!fused) {
+    append(host_out.data(), bytes);
+  } else {
+    append(residual_out.data(), bytes);
+    append(norm.data(), bytes);
+    append(quant.data(), quant.size());
+    append(scale_out.data(), scale_out.size() * 4);
+    append(block_scales.data(), block_scales.size());
+  }
+  return res;
+}
+
+template <class T, class Platform>
+RankResult run_pattern(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, const Options& o,
+                       fiar::Backend requested, const typename Platform::Options& popts, Memory& mem) {
+  using fiar::Pattern;
+  switch (o.pattern) {
+    case Pattern::AllReduce: return run_rank<Pattern::AllReduce, T, Platform>(boot, topo, o, requested, popts, mem);
+    case Pattern::ResidualRmsNorm:
+      return run_rank<Pattern::ResidualRmsNorm, T, Platform>(boot, topo, o, requested, popts, mem);
+    case Pattern::ResidualRmsNormFp8:
+      return run_rank<Pattern::ResidualRmsNormFp8, T, Platform>(boot, topo, o, requested, popts, mem);
+    case Pattern::ResidualRmsNormFp8Dynamic:
+      return run_rank<Pattern::ResidualRmsNormFp8Dynamic, T, Platform>(boot, topo, o, requested, popts, mem);
+    case Pattern::ResidualRmsNormNvfp4:
+      return run_rank<Pattern::ResidualRmsNormNvfp4, T, Platform>(boot, topo, o, requested, popts, mem);
+  }
+  throw std::logic_error("unknown pattern");
+}
+
+template <class T>
+int run(const Options& o, const std::string& platform, int world, int gpus, fiar::Backend requested) {
+  // The topology: reported by flags on the host emulator, discovered on the GPUs.
+  fiar::Topology topo;
+  topo.world_size = world;
+  topo.node_count = o.nodes;
+  topo.multicast_supported = o.multicast;
+  topo.fabric_handles_supported = o.multicast && o.nodes > 1;
+  topo.arch = o.arch;
+  std::vector<std::string> notes;
+  if (platform == "cuda") {
+    fiar::InProcessGroup probe_group(world);
+    std::vector<fiar::DiscoveryReport> reports(static_cast<std::size_t>(world));
+    std::vector<std::string> failures(static_cast<std::size_t>(world));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          (void)cudaSetDevice(r % gpus);
+          auto boot = probe_group.bootstrap(r);
+          reports[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot);
+        } catch (const std::exception& e) {
+          failures[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& f : failures) {
+      if (!f.empty()) throw std::runtime_error("topology discovery failed: " + f);
+    }
+    topo = reports[0].topology;
+    notes = reports[0].notes;
+  }
+  std::printf("topology: %s\n", fiar::to_string(topo).c_str());
+  for (const auto& n : notes) std::printf("  note: %s\n", n.c_str());
+
+  fiar::Resolution res{};
+  try {
+    res = fiar::resolve_backend(requested, topo);
+  } catch (const std::invalid_argument& e) {
+    std::printf("backend: %s REJECTED\n", std::string(fiar::to_string(requested)).c_str());
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitRejected;
+  }
+  std::string why = requested == fiar::Backend::Auto ? "auto" : "requested";
+  if (requested == fiar::Backend::Auto) {
+    fiar::find_first(fiar::BackendPolicies{}, [&](auto p) {
+      const fiar::Backend b = decltype(p)::type::backend;
+      if (b == res.backend) return true;
+      why += "; " + std::string(fiar::to_string(b)) + " cannot run: " + fiar::why_not(b, topo);
+      return false;
+    });
+  }
+  std::printf("backend: %s (%s%s)\n", std::string(fiar::to_string(res.backend)).c_str(), why.c_str(),
+              res.allow_trtllm_fallback ? "; trtllm if multicast setup fails" : "");
+  // The configuration against the chosen backend's limits, before any rank starts.
+  std::string config_error;
+  const fiar::WorkspaceConfig cfg = demo_config(o);
+  fiar::with_policy(res.backend, [&](auto p) {
+    config_error = fiar::Workspace<typename decltype(p)::type, T, fiar::HostPlatform>::why_not(topo, cfg);
+  });
+  if (!config_error.empty()) {
+    std::fprintf(stderr, "%s\n", config_error.c_str());
+    return kExitRejected;
+  }
+
+  if (o.pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
+    const char* why = std::is_same_v<T, float>  ? "it takes 16-bit input; pass --dtype half or bf16"
+                      : topo.arch < 100         ? "it needs sm_100 or newer (on the host emulator: --arch sm_100)"
+                      : o.hidden % 16 != 0      ? "it needs a hidden size that is a multiple of 16"
+                                                : nullptr;
+    if (why != nullptr) {
+      std::fprintf(stderr, "fiar-demo: residual_rmsnorm_nvfp4 cannot run here (%s, %s): %s.\n",
+                   std::string(fiar::dtype_name<T>()).c_str(), fiar::arch_name(topo.arch).c_str(), why);
+      return kExitRejected;
+    }
+  }
+  std::vector<RankResult> results(static_cast<std::size_t>(world));
+  std::fflush(stdout);  // fiar's warnings (stderr) come after what was printed so far
+  fiar::InProcessGroup group(world);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto& out = results[static_cast<std::size_t>(r)];
+      fiar::Topology mine = topo;
+      mine.rank = r;
+      auto boot = group.bootstrap(r);
+      try {
+        if (platform == "host") {
+          HostMemory mem;
+          fiar::HostPlatformOptions popts;
+          popts.multicast = o.multicast && !o.multicast_broken;
+          out = run_pattern<T, fiar::HostPlatform>(boot, mine, o, requested, popts, mem);
+        } else {
+          if (const cudaError_t e = cudaSetDevice(r % gpus); e != cudaSuccess) {
+            throw std::runtime_error("fiar-demo: cudaSetDevice(" + std::to_string(r % gpus) + ") on rank " +
+                                     std::to_string(r) + ": " + fiar_cli::describe_cuda(e));
+          }
+          DeviceMemory mem(r);
+          out = run_pattern<T, fiar::CudaPlatform>(boot, mine, o, requested, fiar::CudaPlatformOptions{}, mem);
+        }
+      } catch (const std::exception& e) {
+        out.error = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const RankResult& first = results[0];
+  if (first.error.empty()) {
+    std::printf("ran: %s%s\n", std::string(fiar::to_string(first.backend)).c_str(),
+                first.fell_back ? " (mnnvl's multicast setup failed; fell back to trtllm, see the warning above)" : "");
+  }
+  std::printf("pattern: %s\n", fiar::to_string(o.pattern));
+  std::printf("shape: %d tokens x %d hidden, %s, %d iteration(s), strategy %s -> %s\n", o.tokens, o.hidden,
+              std::string(fiar::dtype_name<T>()).c_str(), o.iterations, std::string(fiar::to_string(o.strategy)).c_str(),
+              first.backend == fiar::Backend::Nccl ? "nccl (its own algorithm)"
+                                                   : std::string(fiar::to_string(first.strategy)).c_str());
+
+  long mismatches = 0;
+  double max_error = 0;
+  int failed = 0;
+  bool identical = true;
+  for (int r = 0; r < world; ++r) {
+    const auto& res_r = results[static_cast<std::size_t>(r)];
+    if (!res_r.error.empty()) {
+      std::fprintf(stderr, "rank %d failed: %s\n", r, res_r.error.c_str());
+      ++failed;
+      continue;
+    }
+    mismatches += res_r.mismatches;
+    max_error = std::max(max_error, res_r.max_error);
+    identical = identical && res_r.last_bytes == results[0].last_bytes;
+  }
+  if (failed != 0) {
+    // What failed ran nothing to compare: say so instead of reporting the comparison of the ranks that finished.
+    std::printf("fiar-demo: FAIL: %d of %d rank(s) failed (see above); their results were not verified, %.2f s wall\n",
+                failed, world, seconds);
+    return kExitFailed;
+  }
+  const bool ok = mismatches == 0 && identical;
+  std::printf("fiar-demo: %s: %d rank(s) x %d iteration(s) on %s, %ld element(s) outside the bound, max |error| %.3g, "
+              "ranks %s, %.2f s wall\n",
+              ok ? "PASS" : "FAIL", world, o.iterations, platform.c_str(), mismatches, max_error,
+              identical ? "bit-identical" : "DIFFER", seconds);
+  return ok ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  fiar::Backend requested = fiar::Backend::Auto;
+  bool help = false;
+  try {
+    o = parse(argc, argv, help);
+    requested = o.backend ? *o.backend : fiar::backend_from_env();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fiar-demo: %s\n\n%s", e.what(), kUsage);
+    return kExitRejected;
+  }
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  int gpus = 0;
+  std::string no_gpu;
+  const bool have_gpu = usable_gpu(gpus, no_gpu);
+  const std::string platform = o.platform.empty() ? (have_gpu ? "cuda" : "host") : o.platform;
+  if (platform == "cuda" && !have_gpu) {
+    std::fprintf(stderr, "fiar-demo: --platform cuda needs a usable CUDA device: %s. Fix: use --platform host.\n",
+                 no_gpu.c_str());
+    return kExitRejected;
+  }
+  const int world = o.world_size.value_or(platform == "cuda" ? gpus : 4);
+  std::printf("fiar-demo %s: platform %s%s\n", fiar::version_string, platform.c_str(),
+              platform == "host" ? (" (host emulator; " + (have_gpu ? std::string("a GPU is present") : "no usable GPU: " + no_gpu) + ")").c_str()
+                                 : "");
+  try {
+    if (o.dtype == "float") return run<float>(o, platform, world, gpus, requested);
+    if (o.dtype == "half") return run<__half>(o, platform, world, gpus, requested);
+    return run<__nv_bfloat16>(o, platform, world, gpus, requested);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitRejected;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fiar-demo: %s\n", e.what());
+    return kExitFailed;
+  }
+}

@@ -1,0 +1,248 @@
+// fiar/backend/any.hpp — make_workspace(): the run-time backend choice, agreed by every rank, and
+// AnyWorkspace<T, Platform>, the workspace of whichever backend was chosen.
+// Contract: make_workspace is collective. Every rank ends with the same backend: the ranks exchange what they
+// requested and what they know of the topology (comm/agree.hpp), and resolve the backend on the combined facts. A
+// rank-local mistake (a malformed topology, a bad Backend value, a bad FIAR_ALLREDUCE_BACKEND) and an explicit request
+// that cannot run throw std::invalid_argument on every rank before anything is allocated; an explicit request is
+// never replaced by another backend. Auto falls back only where the chosen policy names a fallback (mnnvl: trtllm),
+// the resolution allows it, and the setup failed with fiar::multicast_error, with one warning per rank (core/log.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "../comm/agree.hpp"
+#include "../comm/bootstrap.hpp"
+#include "../core/backend.hpp"
+#include "../core/errors.hpp"
+#include "../core/log.hpp"
+#include "../core/policy.hpp"
+#include "../core/prelude.hpp"
+#include "../core/resolve.hpp"
+#include "../core/text.hpp"
+#include "../core/topology.hpp"
+#include "../core/type_list.hpp"
+#include "../platform/concept.hpp"
+#include "mnnvl.hpp"
+#include "nccl.hpp"
+#include "trtllm.hpp"
+#include "workspace.hpp"
+
+FIAR_BEGIN_NAMESPACE
+
+/// The workspace make_workspace() created: one of the backends' workspaces (one alternative per entry of
+/// BackendPolicies), chosen at run time. Move-only; every member forwards to the backend's workspace.
+template <ReduceType T, Platform Pf = CudaPlatform>
+class AnyWorkspace {
+  template <class... Ps>
+  using VariantOf = std::variant<Workspace<Ps, T, Pf>...>;
+  using Variant = apply_t<BackendPolicies, VariantOf>;
+
+ public:
+  using value_type = T;
+  using platform_type = Pf;
+  using Trtllm = Workspace<TrtllmPolicy, T, Pf>;
+  using Mnnvl = Workspace<MnnvlPolicy, T, Pf>;
+  using Nccl = Workspace<NcclPolicy, T, Pf>;
+
+  template <class W>
+    requires(std::is_same_v<std::remove_cvref_t<W>, Workspace<typename std::remove_cvref_t<W>::policy_type, T, Pf>> &&
+             !std::is_lvalue_reference_v<W>)
+  AnyWorkspace(W&& ws, Resolution resolution, bool fell_back)
+      : ws_(std::in_place_type<std::remove_cvref_t<W>>, std::move(ws)), resolution_(resolution), fell_back_(fell_back) {}
+
+  AnyWorkspace(AnyWorkspace&&) noexcept = default;
+  AnyWorkspace& operator=(AnyWorkspace&&) noexcept = default;
+
+  /// The backend that runs the calls (trtllm after a fallback).
+  [[nodiscard]] Backend backend() const {
+    return visit([](const auto& ws) { return std::decay_t<decltype(ws)>::policy_type::backend; });
+  }
+  /// What resolve_backend chose on the group's combined topology (mnnvl when Auto fell back to trtllm).
+  [[nodiscard]] Resolution resolution() const { return resolution_; }
+  /// True when Auto chose mnnvl, multicast setup failed, and trtllm runs instead.
+  [[nodiscard]] bool fell_back() const { return fell_back_; }
+
+  /// The concrete workspace when the backend is P's, else nullptr.
+  template <AllreducePolicy P>
+  [[nodiscard]] Workspace<P, T, Pf>* get_if() {
+    return std::get_if<Workspace<P, T, Pf>>(&ws_);
+  }
+
+  [[nodiscard]] const Topology& topology() const {
+    return visit([](const auto& ws) -> const Topology& { return ws.topology(); });
+  }
+  [[nodiscard]] const WorkspaceConfig& config() const {
+    return visit([](const auto& ws) -> const WorkspaceConfig& { return ws.config(); });
+  }
+  [[nodiscard]] int arch() const {
+    return visit([](const auto& ws) { return ws.arch(); });
+  }
+  [[nodiscard]] Strategy strategy_for(int num_tokens) const {
+    return visit([&](const auto& ws) { return ws.strategy_for(num_tokens); });
+  }
+  [[nodiscard]] Strategy last_strategy() const {
+    return visit([](const auto& ws) { return ws.last_strategy(); });
+  }
+  /// Whether one call of num_tokens tokens with strategy s fits this workspace (the real per-call capacity).
+  [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s = Strategy::Auto) const {
+    return visit([&](const auto& ws) { return ws.is_buffer_size_sufficient(num_tokens, s); });
+  }
+
+  void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
+    visit([&](auto& ws) { ws.allreduce(in, out, num_tokens, stream, strategy); });
+  }
+  template <Pattern P>
+  void run(const FusedArgs<T>& a, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
+    visit([&](auto& ws) { ws.template run<P>(a, stream, strategy); });
+  }
+  void check() const {
+    visit([](const auto& ws) { ws.check(); });
+  }
+
+ private:
+  template <class F>
+  decltype(auto) visit(F&& f) {
+    return std::visit(std::forward<F>(f), ws_);
+  }
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return std::visit(std::forward<F>(f), ws_);
+  }
+
+  Variant ws_;
+  Resolution resolution_;
+  bool fell_back_;
+};
+
+namespace detail {
+
+// What each rank brings to make_workspace: its request and its view of the topology.
+struct ChoiceRecord {
+  std::int32_t requested;
+  std::int32_t world_size;
+  std::int32_t node_count;
+  std::int32_t multicast;
+  std::int32_t fabric;
+  std::int32_t peer_access;
+  std::int32_t arch;
+  std::int32_t reserved;
+};
+
+// This rank's request (FIAR_ALLREDUCE_BACKEND when none is given), checked with its topology: throws what a rank
+// alone got wrong, for agree() to raise on every rank.
+template <Bootstrap B>
+Backend checked_request(B& boot, std::optional<Backend> requested, const Topology& topo) {
+  const Backend b = requested ? *requested : backend_from_env();
+  check_backend(b);
+  validate_topology(topo);
+  if (topo.world_size != boot.size() || topo.rank != boot.rank()) {
+    throw std::invalid_argument("fiar: the topology says world_size " + std::to_string(topo.world_size) + ", rank " +
+                                std::to_string(topo.rank) + ", but the bootstrap says size " +
+                                std::to_string(boot.size()) + ", rank " + std::to_string(boot.rank()) +
+                                ". Fix: discover the topology over the same bootstrap (discover_topology(boot)).");
+  }
+  return b;
+}
+
+// The facts every rank resolves on: world size and node count must agree; a capability counts only when every rank
+// has it; the architecture is the lowest (unknown, 0, when any rank does not know it).
+template <Bootstrap B>
+std::pair<Backend, Topology> agree_on_choice(B& boot, std::optional<Backend> requested, const Topology& topo) {
+  Backend mine_request = Backend::Auto;
+  const StepOutcome local = attempt([&] { mine_request = checked_request(boot, requested, topo); });
+  const ChoiceRecord mine{static_cast<std::int32_t>(mine_request), topo.world_size, topo.node_count,
+                          topo.multicast_supported ? 1 : 0, topo.fabric_handles_supported ? 1 : 0,
+                          topo.node_peer_access ? 1 : 0, topo.arch, 0};
+  const auto all = agree(boot, local, mine, "make_workspace failed on rank {rank}");
+  Topology merged = topo;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const ChoiceRecord& c = all[r];
+    if (c.requested != all[0].requested) {
+      throw std::invalid_argument(
+          "fiar: make_workspace: ranks requested different backends: rank 0 asked for '" +
+          std::string(to_string(static_cast<Backend>(all[0].requested))) + "', rank " + std::to_string(r) + " for '" +
+          std::string(to_string(static_cast<Backend>(c.requested))) + "'. Fix: pass the same backend on every rank (set " +
+          std::string(backend_env_var) + " identically everywhere, or unset it).");
+    }
+    if (c.world_size != all[0].world_size || c.node_count != all[0].node_count) {
+      throw std::invalid_argument(
+          "fiar: make_workspace: ranks disagree about the group: rank 0 sees world_size " +
+          std::to_string(all[0].world_size) + " on " + std::to_string(all[0].node_count) + " node(s), rank " +
+          std::to_string(r) + " sees world_size " + std::to_string(c.world_size) + " on " +
+          std::to_string(c.node_count) +
+          " node(s). Fix: discover the topology collectively (discover_topology(boot)) or pass the same world_size and "
+          "node_count on every rank.");
+    }
+    merged.multicast_supported = merged.multicast_supported && c.multicast != 0;
+    merged.fabric_handles_supported = merged.fabric_handles_supported && c.fabric != 0;
+    merged.node_peer_access = merged.node_peer_access && c.peer_access != 0;
+    merged.arch = (merged.arch == 0 || c.arch == 0) ? 0 : std::min(merged.arch, static_cast<int>(c.arch));
+  }
+  // Across nodes, multicast needs fabric handles on every rank (Topology::multicast_supported's meaning).
+  if (merged.node_count > 1 && !merged.fabric_handles_supported) merged.multicast_supported = false;
+  return {static_cast<Backend>(all[0].requested), merged};
+}
+
+template <ReduceType T, class Pf, Bootstrap B>
+AnyWorkspace<T, Pf> make_workspace(B& boot, const Topology& topology, const WorkspaceConfig& config,
+                                   std::optional<Backend> requested, const typename Pf::Options& options) {
+  auto [agreed_request, merged] = agree_on_choice(boot, requested, topology);
+  merged.rank = topology.rank;
+  const Resolution res = resolve_backend(agreed_request, merged);  // the same on every rank, or the same error
+  std::optional<AnyWorkspace<T, Pf>> made;
+  Backend fallback = Backend::Auto;
+  with_policy(res.backend, [&](auto p) {
+    using P = typename decltype(p)::type;
+    if constexpr (P::setup_fallback != Backend::Auto) {
+      try {
+        made.emplace(Workspace<P, T, Pf>(boot, merged, config, options), res, false);
+      } catch (const multicast_error& e) {
+        // Thrown on every rank alike (the platform agrees on the failure), so every rank decides the same here.
+        if (!res.allow_trtllm_fallback) throw;
+        fallback = P::setup_fallback;
+        log(LogLevel::Warning,
+            "rank " + std::to_string(merged.rank) + ": backend auto chose " + std::string(to_string(P::backend)) +
+                ", but NVLink multicast could not be set up; falling back to " + std::string(to_string(fallback)) +
+                ", which this single-node group can run. Set " + std::string(backend_env_var) + "=" +
+                std::string(to_string(fallback)) + " to skip the attempt. Why multicast failed: " +
+                without_fiar_prefix(e.what()));
+      }
+    } else {
+      made.emplace(Workspace<P, T, Pf>(boot, merged, config, options), res, false);
+    }
+  });
+  if (!made) {
+    with_policy(fallback, [&](auto p) {
+      using P = typename decltype(p)::type;
+      made.emplace(Workspace<P, T, Pf>(boot, merged, config, options), res, true);
+    });
+  }
+  return std::move(*made);
+}
+
+}  // namespace detail
+
+/// Creates the workspace of the backend that FIAR_ALLREDUCE_BACKEND (unset: auto) resolves to on this group
+/// (collective: every rank calls it with its own topology and the same config). The variable is read on every rank
+/// and a bad value is raised on every rank alike. See the header comment for the guarantees.
+///   auto ws = fiar::make_workspace<__nv_bfloat16>(boot, fiar::discover_topology(boot), cfg);
+template <ReduceType T, Platform Pf = CudaPlatform, Bootstrap B>
+AnyWorkspace<T, Pf> make_workspace(B& boot, const Topology& topology, const WorkspaceConfig& config) {
+  return detail::make_workspace<T, Pf>(boot, topology, config, std::nullopt, typename Pf::Options{});
+}
+
+/// Creates the workspace of the backend `requested` resolves to on this group, with the platform's options.
+template <ReduceType T, Platform Pf = CudaPlatform, Bootstrap B>
+AnyWorkspace<T, Pf> make_workspace(B& boot, const Topology& topology, const WorkspaceConfig& config, Backend requested,
+                                   const typename Pf::Options& options = typename Pf::Options{}) {
+  return detail::make_workspace<T, Pf>(boot, topology, config, requested, options);
+}
+
+FIAR_END_NAMESPACE

@@ -1,0 +1,204 @@
+// fiar/backend/lamport.hpp — what the trtllm and mnnvl workspaces share: sizing, the strategy choice, the allocation
+// of the Lamport region and the launch of the Lamport operations (algo/lamport.hpp).
+// Contract: a kernel that waited past the deadline makes this and every later call throw fiar::timeout_error until
+// the workspace is recreated. The backends differ only in how the region is mapped (peer mappings, or a multicast
+// object as well) and in their operations (TrtllmOneShot ... MnnvlTwoShot), which Policy and the backend file choose.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../algo/epilogue.hpp"
+#include "../algo/lamport.hpp"
+#include "../comm/bootstrap.hpp"
+#include "../core/borrowed.hpp"
+#include "../core/config.hpp"
+#include "../core/dtype.hpp"
+#include "../core/pattern.hpp"
+#include "../core/prelude.hpp"
+#include "../core/strategy.hpp"
+#include "../core/text.hpp"
+#include "../core/topology.hpp"
+#include "../exec/vec.hpp"
+#include "validate.hpp"
+#include "workspace.hpp"
+
+FIAR_BEGIN_NAMESPACE
+namespace detail {
+
+/// The Lamport workspace of Policy (TrtllmPolicy or MnnvlPolicy), launching OneShot<P, T> and TwoShot<P, T>.
+template <class Policy, ReduceType T, class Pf, template <Pattern, class> class OneShot,
+          template <Pattern, class> class TwoShot>
+class LamportWorkspace {
+  static constexpr bool kMulticast = Policy::needs_multicast;
+  static constexpr std::string_view kName = to_string(Policy::backend);
+
+ public:
+  /// Words of one Lamport buffer for this configuration (one of three; a call uses one).
+  static std::size_t buffer_words(int world_size, int arch, const WorkspaceConfig& cfg) {
+    const int vecs = vecs_per_token(cfg.hidden_dim);
+    const std::size_t threshold = cfg.oneshot_max_bytes.value_or(default_oneshot_max_bytes(Policy::backend, arch, world_size));
+    const std::size_t row_bytes = static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T);
+    // Auto runs one-shot up to the threshold and whenever tokens < world size (choose_strategy).
+    const std::size_t auto_oneshot_tokens = std::max<std::size_t>(threshold / row_bytes, world_size - 1);
+    const int oneshot_tokens = cfg.oneshot_at_max_tokens
+                                   ? cfg.max_token_num
+                                   : static_cast<int>(std::min<std::size_t>(auto_oneshot_tokens, cfg.max_token_num));
+    return std::max(algo::oneshot_words(world_size, std::max(oneshot_tokens, 1), vecs),
+                    algo::twoshot_words(world_size, cfg.max_token_num, vecs));
+  }
+
+  /// Bytes of rank-visible memory each rank allocates (three Lamport buffers).
+  static std::size_t required_bytes(const Topology& topo, const WorkspaceConfig& cfg) {
+    return algo::kLamportBuffers * buffer_words(topo.world_size, topo.arch, cfg) * sizeof(std::uint32_t);
+  }
+
+  static std::string config_error(const Topology& topo, const WorkspaceConfig& cfg) {
+    if (std::string e = common_config_error<T>(cfg); !e.empty()) return e;
+    const std::size_t words = buffer_words(topo.world_size, topo.arch, cfg);
+    if (words > std::numeric_limits<std::uint32_t>::max()) {
+      return "fiar: the " + std::string(kName) + " workspace for max_token_num " + std::to_string(cfg.max_token_num) +
+             ", hidden_dim " + std::to_string(cfg.hidden_dim) + " and world_size " + std::to_string(topo.world_size) +
+             " needs " + std::to_string(words * 4) +
+             " bytes per Lamport buffer; allowed: at most 16 GiB. Fix: lower max_token_num (or oneshot_max_bytes / "
+             "oneshot_at_max_tokens).";
+    }
+    return "";
+  }
+
+  static CreationExtras creation_extras(const Topology& topo, const WorkspaceConfig& cfg) {
+    return CreationExtras{buffer_words(topo.world_size, topo.arch, cfg), threshold(topo, cfg), true};
+  }
+
+  /// Allocates and fills the region once every rank agreed on `agreed` (Workspace's constructor).
+  template <Bootstrap B>
+  LamportWorkspace(const CreationExtras& agreed, B& boot, const Topology& topo, const WorkspaceConfig& cfg,
+                   const typename Pf::Options& options)
+      : platform_(options), topo_(topo), cfg_(cfg), buffer_words_(agreed.buffer_words) {
+    const std::size_t region_words = algo::kLamportBuffers * buffer_words_;
+    if constexpr (kMulticast) {
+      // Peer mappings for the two-shot scatter, plus the group's multicast mapping of the same memory. A failure here
+      // (no multicast on this machine after all) throws fiar::multicast_error on every rank.
+      auto region = platform_.allocate_multicast(boot, region_words * sizeof(std::uint32_t));
+      buffers_ = std::move(region.peers);
+      multicast_ = region.view;
+    } else {
+      buffers_ = platform_.allocate_shared(boot, region_words * sizeof(std::uint32_t));
+    }
+    state_ = Borrowed(static_cast<algo::LamportState*>(platform_.allocate_local(sizeof(algo::LamportState))));
+    error_ = Borrowed(static_cast<algo::ErrorRecord*>(platform_.allocate_host_visible(sizeof(algo::ErrorRecord))));
+    platform_.fill_words(buffers_[static_cast<std::size_t>(topo.rank)], region_words, exec::kSentinelWord);
+    platform_.synchronize();
+    boot.barrier();  // no rank pushes into a buffer before its owner has filled it with sentinels
+  }
+
+  [[nodiscard]] const Topology& topology() const { return topo_; }
+  [[nodiscard]] const WorkspaceConfig& config() const { return cfg_; }
+  [[nodiscard]] Pf& platform() { return platform_; }
+  [[nodiscard]] int arch() const { return platform_.arch() != 0 ? platform_.arch() : topo_.arch; }
+  [[nodiscard]] std::size_t oneshot_threshold() const { return threshold(topo_, cfg_); }
+  [[nodiscard]] Strategy last_strategy() const { return last_strategy_; }
+
+  [[nodiscard]] Strategy strategy_for(int num_tokens) const {
+    return choose_strategy(topo_.world_size, num_tokens,
+                           static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cfg_.hidden_dim) * sizeof(T),
+                           oneshot_threshold());
+  }
+
+  /// Whether one call of num_tokens tokens with that strategy fits: one of the three Lamport buffers backs a call,
+  /// so this is the real per-call capacity (not total bytes / row bytes).
+  [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s) const {
+    if (num_tokens < 1 || num_tokens > cfg_.max_token_num || !is_valid(s)) return false;
+    if (s == Strategy::Auto) s = strategy_for(num_tokens);
+    return words_for(s, num_tokens) <= buffer_words_;
+  }
+
+  /// Why a forced strategy cannot run a call of num_tokens tokens ("" when it can; Auto always fits).
+  [[nodiscard]] std::string strategy_error(int num_tokens, Strategy s) const {
+    if (s == Strategy::Auto || is_buffer_size_sufficient(num_tokens, s)) return "";
+    return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) + " needs " +
+           std::to_string(words_for(s, num_tokens) * 4) + " bytes per Lamport buffer; this workspace has " +
+           std::to_string(buffer_words_ * 4) +
+           ". Fix: use Strategy::Auto, or create the workspace with oneshot_at_max_tokens.";
+  }
+
+  void begin_call(cudaStream_t) { check(); }
+
+  /// Launches the call (validated by Workspace::run).
+  template <Pattern P>
+  void launch(const FusedArgs<T>& a, cudaStream_t stream, Strategy strategy) {
+    const Strategy s = strategy == Strategy::Auto ? strategy_for(a.num_tokens) : strategy;
+    algo::LamportParams<T> p{};
+    p.in = a.in;
+    p.out = a.out;
+    p.num_tokens = a.num_tokens;
+    p.vecs_per_token = vecs_per_token(cfg_.hidden_dim);
+    p.world_size = topo_.world_size;
+    p.rank = topo_.rank;
+    for (int r = 0; r < topo_.world_size; ++r) p.buffers[r] = buffers_[static_cast<std::size_t>(r)];
+    p.multicast = multicast_;
+    p.buffer_words = buffer_words_;
+    p.state = state_.get();
+    p.error = error_.get();
+    p.timeout_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.timeout).count());
+    p.epi = algo::epilogue_params(a);
+    if (s == Strategy::TwoShot) {
+      platform_.template launch<TwoShot<P, T>>(p, stream);
+    } else {
+      platform_.template launch<OneShot<P, T>>(p, stream);
+    }
+    last_strategy_ = s;
+    if constexpr (Pf::synchronous) check();
+  }
+
+  /// Throws fiar::timeout_error if a kernel of this workspace gave up waiting (then every later call throws too: the
+  /// protocol state is lost; recreate the workspace on every rank).
+  void check() const {
+    if (!error_) throw std::logic_error(moved_from_text("workspace"));
+    if (Pf::read_word(&error_->code) == algo::kErrorNone) return;
+    auto mask = [](const std::uint32_t* words) {
+      return std::uint64_t{Pf::read_word(words)} | (std::uint64_t{Pf::read_word(words + 1)} << 32);
+    };
+    const std::uint64_t missing = mask(error_->missing);
+    const std::uint64_t stalled = mask(error_->stalled);
+    const std::string waited = missing != 0 ? "waiting for data from rank(s) " + rank_mask_text(missing)
+                                            : "waiting for results reduced by rank(s) " + rank_mask_text(stalled) +
+                                                  " (two-shot owners: one of them, or a rank they wait for, is missing)";
+    throw timeout_error(call_timeout_text(kName, topo_.rank, cfg_.timeout, waited, Pf::read_word(&error_->call)));
+  }
+
+ private:
+  static int vecs_per_token(int hidden_dim) {
+    return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16);
+  }
+  static std::size_t threshold(const Topology& topo, const WorkspaceConfig& cfg) {
+    return cfg.oneshot_max_bytes.value_or(default_oneshot_max_bytes(Policy::backend, topo.arch, topo.world_size));
+  }
+  std::size_t words_for(Strategy s, int num_tokens) const {
+    const int vecs = vecs_per_token(cfg_.hidden_dim);
+    return s == Strategy::TwoShot ? algo::twoshot_words(topo_.world_size, num_tokens, vecs)
+                                  : algo::oneshot_words(topo_.world_size, num_tokens, vecs);
+  }
+
+  Pf platform_;
+  Topology topo_;
+  WorkspaceConfig cfg_;
+  std::size_t buffer_words_ = 0;
+  std::vector<std::uint32_t*> buffers_;
+  exec::MulticastView multicast_{};
+  Borrowed<algo::LamportState> state_;
+  Borrowed<algo::ErrorRecord> error_;  ///< null once moved from
+  Strategy last_strategy_ = Strategy::Auto;
+};
+
+}  // namespace detail
+FIAR_END_NAMESPACE

@@ -1,0 +1,320 @@
+// fiar/backend/workspace.hpp — Workspace<P, T, Platform>: the all-reduce workspace of one backend and one element type,
+// its interface written once for every backend, and what a backend plugs into it.
+// Contract: Workspace exists only for an AllreducePolicy P, a ReduceType T and a Platform; naming it with anything
+// else is a compile error naming the unmet concept. Creation is collective and verified through comm/agree.hpp (every
+// rank agrees on the configuration or every rank throws the same error, before anything is allocated); every call is
+// validated (backend/validate.hpp) before anything is launched.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../comm/agree.hpp"
+#include "../comm/bootstrap.hpp"
+#include "../core/backend.hpp"
+#include "../core/config.hpp"
+#include "../core/dtype.hpp"
+#include "../core/pattern.hpp"
+#include "../core/policy.hpp"
+#include "../core/prelude.hpp"
+#include "../core/strategy.hpp"
+#include "../core/text.hpp"
+#include "../core/topology.hpp"
+#include "../core/version.hpp"
+#include "../platform/concept.hpp"
+#include "../platform/cuda.hpp"
+#include "../runtime/nccl.hpp"
+#include "validate.hpp"
+
+FIAR_BEGIN_NAMESPACE
+namespace detail {
+
+/// The configuration as ranks compare it: at creation (with the backend's resolved strategy threshold, or none for
+/// a backend without strategies) and in WorkspacePool requests (the threshold as given).
+struct ConfigDigest {
+  std::uint64_t oneshot_max_bytes = 0;  ///< meaningful when threshold_given
+  std::int64_t timeout_ms = 0;
+  std::int32_t max_token_num = 0;
+  std::int32_t hidden_dim = 0;
+  std::uint32_t threshold_given = 0;
+  std::uint32_t oneshot_at_max_tokens = 0;
+
+  static ConfigDigest of(const WorkspaceConfig& c) {
+    return ConfigDigest{c.oneshot_max_bytes.value_or(0), static_cast<std::int64_t>(c.timeout.count()),
+                        c.max_token_num, c.hidden_dim, c.oneshot_max_bytes ? 1u : 0u, c.oneshot_at_max_tokens ? 1u : 0u};
+  }
+  friend bool operator==(const ConfigDigest&, const ConfigDigest&) = default;
+
+  /// "max_token_num 16, hidden_dim 64, timeout 30000 ms, oneshot_max_bytes default, oneshot_at_max_tokens false".
+  [[nodiscard]] std::string describe() const {
+    return "max_token_num " + std::to_string(max_token_num) + ", hidden_dim " + std::to_string(hidden_dim) +
+           ", timeout " + std::to_string(timeout_ms) + " ms, oneshot_max_bytes " +
+           (threshold_given ? std::to_string(oneshot_max_bytes) : std::string("default")) +
+           ", oneshot_at_max_tokens " + (oneshot_at_max_tokens ? "true" : "false");
+  }
+};
+
+/// What a backend adds to the creation digest: its strategy settings as it resolved them, and its buffer size.
+struct CreationExtras {
+  std::uint64_t buffer_words = 0;
+  std::uint64_t oneshot_max_bytes = 0;  ///< resolved threshold (Lamport), 0 without strategies
+  bool strategies = false;              ///< whether the strategy settings apply (and are compared)
+};
+
+/// What every rank exchanges at creation.
+struct CreationRecord {
+  std::uint32_t backend, dtype, world_size, version_major, version_minor, version_patch;
+  ConfigDigest config;
+  std::uint64_t buffer_words;
+
+  friend bool operator==(const CreationRecord&, const CreationRecord&) = default;
+  [[nodiscard]] std::string describe() const {
+    return "backend " + std::string(to_string(static_cast<Backend>(backend))) + ", dtype " +
+           std::string(dtype_name(dtype)) + ", world_size " + std::to_string(world_size) + ", " + config.describe() +
+           ", fiar " + std::to_string(version_major) + "." + std::to_string(version_minor) + "." +
+           std::to_string(version_patch);
+  }
+};
+
+/// Collective: every rank checks the topology, its match with the bootstrap and the configuration (`config_error`,
+/// then `creation_error`, both "" when fine), then all agree: either every rank returns the agreed extras, or every
+/// rank throws the same std::invalid_argument (a rank's objection, or configurations that differ).
+template <class Policy, ReduceType T, Bootstrap B, class Extras>
+CreationExtras agree_on_creation(B& boot, const Topology& topo, const WorkspaceConfig& cfg,
+                                 const std::string& config_error, const std::string& creation_error, Extras&& extras) {
+  std::string error = local_creation_error<Policy>(topo, boot, config_error);
+  if (error.empty()) error = creation_error;
+  const CreationExtras mine = error.empty() ? extras() : CreationExtras{};
+  CreationRecord record{static_cast<std::uint32_t>(Policy::backend),
+                        dtype_code<T>(),
+                        static_cast<std::uint32_t>(topo.world_size),
+                        version_major,
+                        version_minor,
+                        version_patch,
+                        ConfigDigest::of(cfg),
+                        mine.buffer_words};
+  if (mine.strategies) {
+    record.config.oneshot_max_bytes = mine.oneshot_max_bytes;
+    record.config.threshold_given = 1;
+  } else {  // the one-shot settings do not apply: left out, so they cannot cause a mismatch
+    record.config.oneshot_max_bytes = 0;
+    record.config.threshold_given = 0;
+    record.config.oneshot_at_max_tokens = 0;
+  }
+  const auto all = agree(boot, outcome_of(error), record, "workspace creation failed because rank {rank} rejected it");
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (!(all[r] == all[0])) {
+      throw std::invalid_argument("fiar: workspace configurations differ between ranks: rank 0 has {" +
+                                  all[0].describe() + "}, rank " + std::to_string(r) + " has {" + all[r].describe() +
+                                  "}. Fix: create the workspace with the same type, topology and WorkspaceConfig on "
+                                  "every rank, with the same fiar version.");
+    }
+  }
+  return mine;
+}
+
+/// "fiar: <backend> all-reduce on rank <r> gave up after <t> ms <waited> (call <c>): ...": a call that waited past its
+/// deadline, on any backend.
+inline std::string call_timeout_text(std::string_view backend, int rank, std::chrono::milliseconds timeout,
+                                     const std::string& waited, std::uint64_t call) {
+  return "fiar: " + std::string(backend) + " all-reduce on rank " + std::to_string(rank) + " gave up after " +
+         std::to_string(timeout.count()) + " ms " + waited + " (call " + std::to_string(call) +
+         "): a rank crashed, hung, or launched a different sequence of collectives. Fix: find that rank's failure; "
+         "the workspace is unusable now, so recreate it on every rank.";
+}
+
+/// The implementation of backend P's workspace: each backend specializes it (backend/<name>.hpp) with
+/// `template <ReduceType T, class Platform> using type = ...;`.
+template <class P>
+struct BackendImpl;
+
+/// What a backend's implementation provides to Workspace<P, T, Platform>.
+template <class I, class T>
+concept WorkspaceImpl = requires(I& i, const I& ci, const Topology& topo, const WorkspaceConfig& cfg,
+                                 const FusedArgs<T>& a, cudaStream_t stream, Strategy s, int n) {
+  { I::config_error(topo, cfg) } -> std::same_as<std::string>;
+  { I::required_bytes(topo, cfg) } -> std::same_as<std::size_t>;
+  { I::creation_extras(topo, cfg) } -> std::same_as<CreationExtras>;
+  { ci.topology() } -> std::same_as<const Topology&>;
+  { ci.config() } -> std::same_as<const WorkspaceConfig&>;
+  { ci.arch() } -> std::same_as<int>;
+  { ci.strategy_for(n) } -> std::same_as<Strategy>;
+  { ci.last_strategy() } -> std::same_as<Strategy>;
+  { ci.is_buffer_size_sufficient(n, s) } -> std::same_as<bool>;
+  { ci.strategy_error(n, s) } -> std::same_as<std::string>;
+  ci.check();
+  i.begin_call(stream);
+  i.template launch<Pattern::AllReduce>(a, stream, s);
+};
+
+}  // namespace detail
+
+/// The per-group buffers and protocol state of backend P for element type T, on Platform (CudaPlatform: GPUs;
+/// HostPlatform: the host emulator). Move-only. Its members are declared here, once for every backend, so
+/// `template class Workspace<P, T, Platform>;` emits them.
+template <AllreducePolicy P, ReduceType T, Platform Pf = CudaPlatform>
+class Workspace {
+  using Impl = typename detail::BackendImpl<P>::template type<T, Pf>;
+  static_assert(detail::WorkspaceImpl<Impl, T>, "a backend's implementation must provide detail::WorkspaceImpl");
+  static constexpr bool kLamport = requires { Impl::buffer_words(1, 0, WorkspaceConfig{}); };
+  static constexpr bool kAdopts = requires(NcclComm c, const Topology& t) { Impl::adopt_error(c, t); };
+
+ public:
+  using policy_type = P;
+  using value_type = T;
+  using platform_type = Pf;
+
+  /// Bytes of memory each rank allocates for this configuration (see docs/api.md per backend).
+  static std::size_t required_bytes(const Topology& topo, const WorkspaceConfig& cfg) {
+    return Impl::required_bytes(topo, cfg);
+  }
+  /// "" when this backend can serve the configuration on the topology, else the error creation would throw.
+  static std::string why_not(const Topology& topo, const WorkspaceConfig& cfg) {
+    if (!can_run_on(P::backend, topo)) {
+      if (std::string e = detail::topology_error<P>(topo); !e.empty()) return e;
+    }
+    return Impl::config_error(topo, cfg);
+  }
+  /// A well-formed topology and an empty why_not().
+  static bool can_implement(const Topology& topo, const WorkspaceConfig& cfg) {
+    try {
+      validate_topology(topo);
+    } catch (const std::invalid_argument&) {
+      return false;
+    }
+    return why_not(topo, cfg).empty();
+  }
+  /// Words of one Lamport buffer for this configuration (one of three; a call uses one). Lamport backends only.
+  static std::size_t buffer_words(int world_size, int arch, const WorkspaceConfig& cfg)
+    requires kLamport
+  {
+    return Impl::buffer_words(world_size, arch, cfg);
+  }
+
+  /// Collective: every rank of the group constructs its workspace with the same topology (bar rank) and
+  /// configuration. Throws std::invalid_argument (on every rank alike) when the topology or configuration cannot
+  /// work, before allocating anything; allocation and mapping failures on every rank alike too; fiar::timeout_error
+  /// when a rank does not arrive. nccl on CudaPlatform creates (and owns) an NCCL communicator.
+  template <Bootstrap B>
+  Workspace(B& boot, const Topology& topo, const WorkspaceConfig& cfg, const typename Pf::Options& options = {})
+      : impl_(detail::agree_on_creation<P, T>(boot, topo, cfg, Impl::config_error(topo, cfg), creation_error(),
+                                              [&] { return Impl::creation_extras(topo, cfg); }),
+              boot, topo, cfg, options) {}
+
+  /// Collective: adopts `comm`, an initialized NCCL communicator of exactly this group (same size, same rank
+  /// numbers as the bootstrap, on the calling thread's current device). It is not owned: destroy it after this
+  /// workspace. nccl on CudaPlatform only.
+  template <Bootstrap B>
+    requires kAdopts
+  Workspace(B& boot, NcclComm comm, const Topology& topo, const WorkspaceConfig& cfg,
+            const typename Pf::Options& options = {})
+      : impl_(detail::agree_on_creation<P, T>(boot, topo, cfg, Impl::config_error(topo, cfg), Impl::adopt_error(comm, topo),
+                                              [&] { return Impl::creation_extras(topo, cfg); }),
+              boot, comm, topo, cfg, options) {}
+
+  Workspace(Workspace&&) noexcept = default;
+  Workspace& operator=(Workspace&&) noexcept = default;
+
+  /// Sums `in` over all ranks into `out` ([num_tokens, hidden_dim] each; out may equal in), on `stream`
+  /// (CudaPlatform). Collective: every rank calls it with the same num_tokens and strategy, in the same order.
+  void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
+    FusedArgs<T> a;
+    a.in = in;
+    a.out = out;
+    a.num_tokens = num_tokens;
+    run<Pattern::AllReduce>(a, stream, strategy);
+  }
+
+  /// The all-reduce fused with pattern Q's epilogue (residual add, RMSNorm, FP8 / NVFP4 quantization). Collective
+  /// like allreduce(); `a` is checked against the pattern before anything is launched, and nothing changes when a
+  /// check fails.
+  template <Pattern Q>
+  void run(const FusedArgs<T>& a, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
+    static_assert(is_valid(Q), "fiar: run<Q>: Q is not a Pattern enumerator");
+    impl_.begin_call(stream);
+    const Topology& topo = impl_.topology();
+    const std::string where = detail::call_where(Q, topo.rank);
+    detail::validate_call_basics(where, Q, strategy, a.in, a.out, a.num_tokens, impl_.config().max_token_num);
+    if (std::string e = impl_.strategy_error(a.num_tokens, strategy); !e.empty()) throw std::invalid_argument(where + e);
+    detail::validate_fused<Q, T>(a, impl_.config().hidden_dim, impl_.arch(), topo.rank, impl_.platform());
+    impl_.template launch<Q>(a, stream, strategy);
+  }
+
+  /// Throws fiar::timeout_error once a call of this workspace gave up waiting for a peer (then on every later call:
+  /// recreate the workspace on every rank); nccl on CudaPlatform also fiar::cuda_error for an asynchronous NCCL
+  /// error; std::logic_error on a moved-from workspace.
+  void check() const { impl_.check(); }
+
+  /// The strategy Strategy::Auto takes for a call of num_tokens tokens (the same on every rank; Auto on nccl).
+  [[nodiscard]] Strategy strategy_for(int num_tokens) const { return impl_.strategy_for(num_tokens); }
+  /// The strategy the last call ran.
+  [[nodiscard]] Strategy last_strategy() const { return impl_.last_strategy(); }
+  /// Whether one call of num_tokens tokens with strategy s fits (the real per-call capacity).
+  [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s = Strategy::Auto) const {
+    return impl_.is_buffer_size_sufficient(num_tokens, s);
+  }
+  /// The per-rank message bytes up to which Strategy::Auto takes one-shot. Lamport backends only.
+  [[nodiscard]] std::size_t oneshot_threshold() const
+    requires kLamport
+  {
+    return impl_.oneshot_threshold();
+  }
+  /// The architecture the kernels run on: the GPU's on CudaPlatform, the topology's on the host emulator.
+  [[nodiscard]] int arch() const { return impl_.arch(); }
+  [[nodiscard]] const Topology& topology() const { return impl_.topology(); }
+  [[nodiscard]] const WorkspaceConfig& config() const { return impl_.config(); }
+  [[nodiscard]] Pf& platform() { return impl_.platform(); }
+
+  /// The communicator the calls run on (owned or adopted; null after a timeout aborted it). nccl on CudaPlatform.
+  [[nodiscard]] NcclComm comm() const
+    requires kAdopts
+  {
+    return impl_.comm();
+  }
+  /// Whether the workspace created (and destroys) its communicator. nccl on CudaPlatform.
+  [[nodiscard]] bool owns_comm() const
+    requires kAdopts
+  {
+    return impl_.owns_comm();
+  }
+
+ private:
+  static std::string creation_error() {
+    if constexpr (requires { Impl::creation_error(); }) {
+      return Impl::creation_error();
+    } else {
+      return "";
+    }
+  }
+
+  Impl impl_;
+};
+
+/// What every workspace offers (Workspace<P, T, Platform> for each backend, and AnyWorkspace).
+template <class W>
+concept AllreduceWorkspace = requires(W& w, const W& cw, const FusedArgs<typename W::value_type>& a,
+                                      const typename W::value_type* in, typename W::value_type* out, cudaStream_t s,
+                                      int n, Strategy st) {
+  typename W::value_type;
+  typename W::platform_type;
+  w.allreduce(in, out, n, s, st);
+  w.template run<Pattern::ResidualRmsNorm>(a, s, st);
+  cw.check();
+  { cw.strategy_for(n) } -> std::same_as<Strategy>;
+  { cw.last_strategy() } -> std::same_as<Strategy>;
+  { cw.is_buffer_size_sufficient(n, st) } -> std::same_as<bool>;
+  { cw.arch() } -> std::same_as<int>;
+  { cw.topology() } -> std::same_as<const Topology&>;
+  { cw.config() } -> std::same_as<const WorkspaceConfig&>;
+} && std::move_constructible<W> && !std::copy_constructible<W>;
+
+FIAR_END_NAMESPACE

@@ -1,0 +1,70 @@
+// fiar/core/config.hpp — what a workspace is created for (WorkspaceConfig) and the tensors of one fused call
+// (FusedArgs).
+// Contract: plain aggregates, every member with a default (designated initializers that name only some members
+// draw no -Wmissing-field-initializers); every rank of a group passes the same WorkspaceConfig (checked at
+// creation); which FusedArgs members a call must set is pattern_traits(P).use.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+
+#include "dtype.hpp"
+#include "pattern.hpp"
+#include "prelude.hpp"
+
+FIAR_BEGIN_NAMESPACE
+
+/// What a workspace is sized and tuned for; every rank must pass the same values (checked at creation).
+struct WorkspaceConfig {
+  int max_token_num = 0;  ///< most tokens (rows) one call reduces
+  int hidden_dim = 0;     ///< elements per token; hidden_dim * sizeof(T) must be a multiple of 16
+  /// Bound on every wait inside a kernel; on expiry the call fails with fiar::timeout_error.
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  /// Per-rank message bytes up to which Strategy::Auto picks one-shot (default: the built-in table).
+  std::optional<std::size_t> oneshot_max_bytes = std::nullopt;
+  /// Size the buffers so that one-shot can run at max_token_num (default: only up to the one-shot threshold;
+  /// larger calls use two-shot, which needs about 2 x tokens x hidden instead of W x).
+  bool oneshot_at_max_tokens = false;
+};
+
+/// The tensors and parameters of one fused call, checked against the pattern before anything runs: every tensor
+/// the pattern uses must be given, and an output it does not use must be null. Shapes are [num_tokens, hidden_dim]
+/// unless noted; device memory on CudaPlatform, host memory on HostPlatform.
+template <ReduceType T>
+struct FusedArgs {
+  const T* in = nullptr;             ///< this rank's contribution
+  int num_tokens = 0;
+  T* out = nullptr;                  ///< Pattern::AllReduce: the sum (may equal in)
+  const T* residual_in = nullptr;    ///< norm patterns
+  T* residual_out = nullptr;         ///< norm patterns: sum + residual_in (may equal residual_in)
+  const T* gamma = nullptr;          ///< norm patterns: [hidden_dim]
+  float eps = 1e-6f;                 ///< RMSNorm epsilon
+  float weight_bias = 0.0f;          ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
+  T* norm_out = nullptr;             ///< ResidualRmsNorm: required; quant patterns: optional (may equal in)
+  void* quant_out = nullptr;         ///< fp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
+  const float* scale = nullptr;      ///< fp8 static: the per-tensor scale; nvfp4: the global scale (device scalar)
+  float* scale_out = nullptr;        ///< fp8 dynamic: [num_tokens] per-token scales
+  void* block_scale_out = nullptr;   ///< nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout)
+  ScaleLayout layout = ScaleLayout::Swizzled128x4;  ///< nvfp4 block-scale layout
+};
+
+/// The address of tensor t of a call (null when unset).
+template <ReduceType T>
+constexpr const void* tensor_address(const FusedArgs<T>& a, FusedTensor t) {
+  switch (t) {
+    case FusedTensor::In: return a.in;
+    case FusedTensor::Out: return a.out;
+    case FusedTensor::ResidualIn: return a.residual_in;
+    case FusedTensor::ResidualOut: return a.residual_out;
+    case FusedTensor::Gamma: return a.gamma;
+    case FusedTensor::NormOut: return a.norm_out;
+    case FusedTensor::QuantOut: return a.quant_out;
+    case FusedTensor::Scale: return a.scale;
+    case FusedTensor::ScaleOut: return a.scale_out;
+    case FusedTensor::BlockScaleOut: return a.block_scale_out;
+  }
+  return nullptr;
+}
+
+FIAR_END_NAMESPACE

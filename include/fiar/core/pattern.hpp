@@ -1,0 +1,120 @@
+// fiar/core/pattern.hpp — what a call computes after the all-reduce, as data: one row per pattern says which
+// tensors it reads and writes, its quantization, and what the machine and the input must offer.
+// Contract: pattern_traits(P) is the one description of a pattern; validation (every backend) and the epilogue
+// (every kernel) read it, so a new pattern is a row here plus its math in algo/epilogue.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "prelude.hpp"
+
+/// Calls X(args..., P) for every Pattern enumerator name (explicit instantiations are spelled with it).
+#define FIAR_FOR_EACH_PATTERN(X, ...)                                                                     \
+  X(__VA_ARGS__, AllReduce) X(__VA_ARGS__, ResidualRmsNorm) X(__VA_ARGS__, ResidualRmsNormFp8)             \
+      X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) X(__VA_ARGS__, ResidualRmsNormNvfp4)
+
+FIAR_BEGIN_NAMESPACE
+
+/// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5).
+enum class Pattern {
+  AllReduce,                  ///< out = sum
+  ResidualRmsNorm,            ///< residual_out = sum + residual_in; norm_out = RMSNorm(residual_out)
+  ResidualRmsNormFp8,         ///< ... then quant_out = e4m3(norm / scale), static per-tensor scale
+  ResidualRmsNormFp8Dynamic,  ///< ... then per-token e4m3 with scale_out[token] = max(amax / 448, 1/(512*448))
+  ResidualRmsNormNvfp4,       ///< ... then NVFP4: e2m1 values in 16-element blocks, e4m3 block scales (sm_100+)
+};
+
+/// Where the NVFP4 block scales of token m, 16-element block k go.
+enum class ScaleLayout {
+  Swizzled128x4,  ///< the tiled layout block-scaled GEMMs read: rows padded to 128, columns to 4
+  Linear,         ///< row-major [num_tokens, hidden_dim / 16]
+};
+
+/// The quantized output a pattern writes after the norm.
+enum class Quant { None, Fp8Static, Fp8Dynamic, Nvfp4 };
+
+/// How a pattern uses one tensor of FusedArgs: an Unused output must be null, an Unused input is ignored.
+enum class TensorUse : std::uint8_t { Unused, Optional, Required };
+
+/// The tensors of FusedArgs, in its order.
+enum class FusedTensor { In, Out, ResidualIn, ResidualOut, Gamma, NormOut, QuantOut, Scale, ScaleOut, BlockScaleOut };
+inline constexpr int kFusedTensorCount = 10;
+
+/// Each tensor's name, as FusedArgs spells its member (and messages name it).
+inline constexpr const char* kFusedTensorNames[kFusedTensorCount] = {
+    "in", "out", "residual_in", "residual_out", "gamma", "norm_out", "quant_out", "scale", "scale_out", "block_scale_out"};
+
+/// One pattern, described.
+struct PatternTraits {
+  Pattern pattern;
+  const char* name;      ///< to_string(pattern)
+  bool norm;             ///< residual add + RMSNorm after the sum
+  Quant quant;           ///< what is quantized after the norm
+  int min_arch;          ///< lowest compute capability x10 (0: any)
+  bool needs_16bit;      ///< half or bf16 input only
+  int hidden_multiple;   ///< hidden_dim must be a multiple of it (beyond the 16-byte vectors every pattern needs)
+  TensorUse use[kFusedTensorCount];  ///< per FusedTensor
+  const char* feature;      ///< what min_arch / needs_16bit / hidden_multiple are for, in messages ("NVFP4")
+  const char* alternative;  ///< the pattern to suggest where this one cannot run
+};
+
+namespace detail {
+using U = TensorUse;
+// One row per pattern, in enumeration order.   in  out residual_in/out gamma norm_out quant_out scale scale_out bso
+inline constexpr PatternTraits kPatternTable[] = {
+    {Pattern::AllReduce, "allreduce", false, Quant::None, 0, false, 1,
+     {U::Required, U::Required, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused},
+     "", ""},
+    {Pattern::ResidualRmsNorm, "residual_rmsnorm", true, Quant::None, 0, false, 1,
+     {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Required, U::Unused, U::Unused, U::Unused,
+      U::Unused},
+     "", ""},
+    {Pattern::ResidualRmsNormFp8, "residual_rmsnorm_fp8", true, Quant::Fp8Static, 0, false, 1,
+     {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Required, U::Unused,
+      U::Unused},
+     "", ""},
+    {Pattern::ResidualRmsNormFp8Dynamic, "residual_rmsnorm_fp8_dynamic", true, Quant::Fp8Dynamic, 0, false, 1,
+     {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Unused, U::Required,
+      U::Unused},
+     "", ""},
+    {Pattern::ResidualRmsNormNvfp4, "residual_rmsnorm_nvfp4", true, Quant::Nvfp4, 100, true, 16,
+     {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Required, U::Unused,
+      U::Required},
+     "NVFP4", "residual_rmsnorm_fp8 or _fp8_dynamic"},
+};
+inline constexpr int kPatternCount = static_cast<int>(std::size(kPatternTable));
+
+constexpr bool table_in_enum_order() {
+  for (int i = 0; i < kPatternCount; ++i) {
+    if (static_cast<int>(kPatternTable[i].pattern) != i) return false;
+  }
+  return true;
+}
+static_assert(table_in_enum_order(), "kPatternTable rows must follow the Pattern enumeration");
+}  // namespace detail
+
+/// Whether p is one of the enumerators.
+constexpr bool is_valid(Pattern p) noexcept {
+  return static_cast<int>(p) >= 0 && static_cast<int>(p) < detail::kPatternCount;
+}
+
+/// The description of pattern p (p must be an enumerator).
+FIAR_HD constexpr const PatternTraits& pattern_traits(Pattern p) { return detail::kPatternTable[static_cast<int>(p)]; }
+
+/// The pattern's name as messages and tools write it ("invalid" outside the enumeration).
+constexpr const char* to_string(Pattern p) { return is_valid(p) ? detail::kPatternTable[static_cast<int>(p)].name : "invalid"; }
+
+/// Whether l is one of the enumerators.
+constexpr bool is_valid(ScaleLayout l) noexcept {
+  return l == ScaleLayout::Swizzled128x4 || l == ScaleLayout::Linear;
+}
+
+/// "swizzled128x4" or "linear" ("invalid" outside the enumeration).
+constexpr const char* to_string(ScaleLayout l) {
+  return l == ScaleLayout::Swizzled128x4 ? "swizzled128x4" : l == ScaleLayout::Linear ? "linear" : "invalid";
+}
+
+FIAR_END_NAMESPACE

@@ -1,0 +1,44 @@
+// fiar/core/prelude.hpp — what every fiar header starts from: the namespace macros, the ABI namespace and the
+// host/device markers.
+// Contract: every fiar symbol is declared between FIAR_BEGIN_NAMESPACE and FIAR_END_NAMESPACE, that is in the
+// versioned inline namespace fiar::v0_1 and, inside it, an inline namespace naming the build's ABI choice
+// (FIAR_HAS_NCCL), so translation units built with different choices fail to link instead of mixing bodies.
+#pragma once
+
+// NCCL is optional (the nccl backend on GPUs, NcclBootstrap): 1 needs <nccl.h> and -lnccl.
+#if !defined(FIAR_HAS_NCCL)
+#define FIAR_HAS_NCCL 0
+#endif
+
+#if FIAR_HAS_NCCL
+#define FIAR_ABI_NAMESPACE with_nccl
+#else
+#define FIAR_ABI_NAMESPACE without_nccl
+#endif
+
+// Spelled as macros so that every header opens and closes the same namespaces (ctags/cscope: -I FIAR_BEGIN_NAMESPACE).
+#define FIAR_BEGIN_NAMESPACE \
+  namespace fiar {           \
+  inline namespace v0_1 {    \
+  inline namespace FIAR_ABI_NAMESPACE {
+#define FIAR_END_NAMESPACE \
+  }                        \
+  }                        \
+  }
+
+#if defined(__CUDA_ARCH__)
+#define FIAR_UNROLL _Pragma("unroll")
+#else
+#define FIAR_UNROLL
+#endif
+
+#if defined(__CUDACC__)
+/// A function that runs on the host and on the device (algo/ code, the execution contexts' shared parts).
+#define FIAR_HD __host__ __device__
+// Before a host-device template that is also instantiated with host-only types (HostCtx): nvcc then checks the
+// execution space of each instantiation only where it is used.
+#define FIAR_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#define FIAR_HD
+#define FIAR_EXEC_CHECK_DISABLE
+#endif

@@ -1,0 +1,75 @@
+// fiar/exec/context.hpp — what a kernel's logic may use of the machine it runs on (the ExecutionContext concept),
+// the shape of a launch, and the multicast mapping as a kernel sees it.
+// Contract: algo/ code touches memory other ranks use only through a context's 16-byte accesses and system-scope
+// atomics; HostCtx (the emulator) and DeviceCtx (GPUs) both satisfy ExecutionContext with the same semantics.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+#include "../core/prelude.hpp"
+#include "vec.hpp"
+
+FIAR_BEGIN_NAMESPACE
+namespace exec {
+
+/// The group's multicast mapping of a region, as a kernel sees it. On the GPU a store through `address + offset`
+/// lands at `offset` in every member's region (multimem.st). The host emulator has no switch: it performs that
+/// replication itself, into `members` (each member's region, in rank order).
+struct MulticastView {
+  std::uint32_t* address = nullptr;         ///< GPU: the multicast mapping (null on the host emulator)
+  std::uint32_t* const* members = nullptr;  ///< host emulator: where a multicast store lands
+  int member_count = 0;
+  std::uint32_t* stores = nullptr;          ///< host emulator: counts this rank's multicast stores (tests)
+};
+
+/// What a kernel's logic needs of the machine: its position (lane in the block, block in the grid), block-wide
+/// barrier, sum and max, a clock and a back-off for bounded waits, 16-byte accesses and system-scope atomics on
+/// memory other ranks touch, and the multicast store.
+template <class C>
+concept ExecutionContext = requires(C& c, float x, const std::uint32_t* cp, std::uint32_t* p, std::uint32_t w,
+                                    const Vec16& v, const MulticastView& view, std::size_t offset) {
+  { c.lane() } -> std::convertible_to<int>;
+  { c.lanes() } -> std::convertible_to<int>;
+  { c.block() } -> std::convertible_to<int>;
+  { c.blocks() } -> std::convertible_to<int>;
+  c.sync();
+  { c.sum(x) } -> std::convertible_to<float>;
+  { c.max(x) } -> std::convertible_to<float>;
+  { c.now_ns() } -> std::convertible_to<std::uint64_t>;
+  c.pause();
+  { c.load16(cp) } -> std::same_as<Vec16>;
+  c.store16(p, v);
+  c.multicast_store16(view, offset, v);
+  { c.load_relaxed(cp) } -> std::same_as<std::uint32_t>;
+  { c.load_acquire(cp) } -> std::same_as<std::uint32_t>;
+  c.store_relaxed(p, w);
+  c.store_release(p, w);
+  { c.fetch_add_acq_rel(p, w) } -> std::same_as<std::uint32_t>;
+  { c.fetch_or_relaxed(p, w) } -> std::same_as<std::uint32_t>;
+  c.fence_system();
+};
+
+/// Grid and block of one launch.
+struct LaunchShape {
+  int blocks;
+  int threads;
+  friend constexpr bool operator==(const LaunchShape&, const LaunchShape&) = default;
+};
+
+/// What a platform lets one launch use.
+struct LaunchLimits {
+  int max_blocks = 1;  ///< most blocks per launch (CudaPlatform: its SM share; see CudaPlatformOptions::max_blocks)
+};
+
+/// One block per token, at most `max_blocks` (a block loops over tokens beyond that); threads a multiple of 32
+/// covering one token's 16-byte vectors (32 to 1024; a lane loops beyond).
+constexpr LaunchShape per_token_shape(int num_tokens, int vecs_per_token, int max_blocks) {
+  const int threads = std::clamp((vecs_per_token + 31) / 32 * 32, 32, 1024);
+  return LaunchShape{std::max(1, std::min(num_tokens, max_blocks)), threads};
+}
+
+}  // namespace exec
+FIAR_END_NAMESPACE

@@ -1,0 +1,180 @@
+// fiar/exec/host.hpp — the host emulator: runs any operation's logic on the CPU, one thread per lane, a barrier per
+// block.
+// Contract: HostGrid keeps its lane threads alive across launches; run() returns when every lane has finished;
+// HostCtx gives the algo code the same operations DeviceCtx gives it on the GPU (ExecutionContext).
+#pragma once
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/prelude.hpp"
+#include "atomics.hpp"
+#include "context.hpp"
+#include "vec.hpp"
+
+FIAR_BEGIN_NAMESPACE
+namespace exec {
+
+/// The execution context of one emulated lane.
+class HostCtx : public SystemAtomics {
+ public:
+  HostCtx(int lane, int lanes, int block, int blocks, std::barrier<>* block_barrier, float* block_scratch)
+      : lane_(lane), lanes_(lanes), block_(block), blocks_(blocks), barrier_(block_barrier), scratch_(block_scratch) {}
+
+  [[nodiscard]] int lane() const { return lane_; }
+  [[nodiscard]] int lanes() const { return lanes_; }
+  [[nodiscard]] int block() const { return block_; }
+  [[nodiscard]] int blocks() const { return blocks_; }
+
+  /// __syncthreads(): every lane of the block.
+  void sync() { barrier_->arrive_and_wait(); }
+
+  /// Block-wide sum and max, deterministic: every lane gets the lanes' values combined in lane order.
+  /// Every lane of the block must call them.
+  float sum(float x) {
+    return reduce(x, [](float a, float b) { return a + b; });
+  }
+  float max(float x) {
+    return reduce(x, [](float a, float b) { return a > b ? a : b; });
+  }
+
+  static std::uint64_t now_ns() {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  }
+  static void pause() { std::this_thread::yield(); }
+
+  /// A full fence, expressed as a seq_cst read-modify-write (ThreadSanitizer does not model
+  /// atomic_thread_fence; an RMW gives the same ordering and is visible to it).
+  static void fence_system() {
+    static std::atomic<std::uint32_t> fence_word{0};
+    fence_word.fetch_add(1, std::memory_order_seq_cst);
+  }
+
+  /// 16-byte access to memory other ranks touch concurrently: four relaxed 32-bit atomics (on the GPU,
+  /// one volatile vector access; either way each 32-bit word is single-copy atomic, which is all the
+  /// Lamport protocol relies on).
+  static Vec16 load16(const std::uint32_t* p) {
+    return Vec16{load_relaxed(p), load_relaxed(p + 1), load_relaxed(p + 2), load_relaxed(p + 3)};
+  }
+  static void store16(std::uint32_t* p, const Vec16& v) {
+    store_relaxed(p, v.x);
+    store_relaxed(p + 1, v.y);
+    store_relaxed(p + 2, v.z);
+    store_relaxed(p + 3, v.w);
+  }
+
+  /// A store through the group's multicast mapping: the emulator plays the NVSwitch and writes v at
+  /// `offset` into every member's region (on the GPU, one multimem.st the switch replicates). Like the
+  /// switch, it gives no order between members; each word is still single-copy atomic.
+  static void multicast_store16(const MulticastView& view, std::size_t offset, const Vec16& v) {
+    for (int m = 0; m < view.member_count; ++m) store16(view.members[m] + offset, v);
+    if (view.stores != nullptr) fetch_add_acq_rel(view.stores, 1u);
+  }
+
+ private:
+  template <class Op>
+  float reduce(float x, Op op) {
+    scratch_[lane_] = x;
+    sync();
+    float total = scratch_[0];
+    for (int l = 1; l < lanes_; ++l) total = op(total, scratch_[l]);
+    sync();  // nobody overwrites the scratch before every lane has read it
+    return total;
+  }
+
+  int lane_, lanes_, block_, blocks_;
+  std::barrier<>* barrier_;
+  float* scratch_;
+};
+
+/// A persistent grid of emulated lanes (blocks x lanes threads) that runs one kernel at a time.
+class HostGrid {
+ public:
+  HostGrid(int blocks, int lanes) : blocks_(blocks), lanes_(lanes) {
+    if (blocks < 1 || lanes < 1 || blocks * lanes > 4096) {
+      throw std::invalid_argument("fiar: host emulator grid of " + std::to_string(blocks) + " blocks x " +
+                                  std::to_string(lanes) +
+                                  " lanes; allowed: at least 1 x 1 and at most 4096 lanes in all. Fix: pass a "
+                                  "smaller HostPlatform grid.");
+    }
+    for (int b = 0; b < blocks; ++b) barriers_.push_back(std::make_unique<std::barrier<>>(lanes));
+    scratch_.resize(static_cast<std::size_t>(blocks * lanes));
+    threads_.reserve(static_cast<std::size_t>(blocks * lanes));
+    for (int b = 0; b < blocks; ++b) {
+      for (int l = 0; l < lanes; ++l) threads_.emplace_back([this, b, l] { lane_main(b, l); });
+    }
+  }
+  HostGrid(const HostGrid&) = delete;
+  HostGrid& operator=(const HostGrid&) = delete;
+  ~HostGrid() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  [[nodiscard]] int blocks() const { return blocks_; }
+  [[nodiscard]] int lanes() const { return lanes_; }
+
+  /// Runs kernel(ctx) on every lane and returns when all have returned (like a launch + stream sync).
+  void run(const std::function<void(HostCtx&)>& kernel) {
+    std::unique_lock lock(mutex_);
+    kernel_ = &kernel;
+    running_ = blocks_ * lanes_;
+    ++generation_;
+    start_.notify_all();
+    done_.wait(lock, [this] { return running_ == 0; });
+    kernel_ = nullptr;
+  }
+
+ private:
+  void lane_main(int block, int lane) {
+    HostCtx ctx(lane, lanes_, block, blocks_, barriers_[static_cast<std::size_t>(block)].get(),
+                scratch_.data() + static_cast<std::size_t>(block) * static_cast<std::size_t>(lanes_));
+    std::uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(HostCtx&)>* kernel = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        kernel = kernel_;
+      }
+      (*kernel)(ctx);
+      std::lock_guard lock(mutex_);
+      if (--running_ == 0) done_.notify_one();
+    }
+  }
+
+  int blocks_, lanes_;
+  std::vector<std::unique_ptr<std::barrier<>>> barriers_;
+  std::vector<float> scratch_;  // one float per lane, for block reductions
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  const std::function<void(HostCtx&)>* kernel_ = nullptr;
+  std::uint64_t generation_ = 0;
+  int running_ = 0;
+  bool stop_ = false;
+};
+
+static_assert(ExecutionContext<HostCtx>);
+
+}  // namespace exec
+FIAR_END_NAMESPACE

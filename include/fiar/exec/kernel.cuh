@@ -1,0 +1,103 @@
+// fiar/exec/kernel.cuh — the one __global__ template: kernel<Op> runs any Operation on the GPU, and
+// launch_on_stream<Op> launches it with programmatic dependent launch where the loaded image supports it.
+// Contract: hidden visibility (shared objects never swap kernels); the kernel waits for the stream's previous work
+// (griddepcontrol.wait) before it runs and releases its successor only at the very end; the kernel's name in
+// profiles is its operation's type (e.g. fiar::...::TrtllmOneShot<...>); a failed launch throws fiar::cuda_error
+// naming the operation and the shape.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "fiar/exec/kernel.cuh needs nvcc: include <fiar/fiar.hpp> in host-only translation units"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string>
+
+#include "../core/prelude.hpp"
+#include "../runtime/cuda.hpp"
+#include "context.hpp"
+#include "device_ctx.cuh"
+#include "operation.hpp"
+
+FIAR_BEGIN_NAMESPACE
+namespace detail {
+// Waits until the previous kernel of the stream has finished (programmatic dependent launch): nothing of ours may
+// read the caller's input, or the workspace, before that.
+__device__ __forceinline__ void wait_for_predecessor() {
+#if defined(__CUDA_ARCH__)
+  cudaGridDependencySynchronize();
+#endif
+}
+
+// Lets the next kernel of the stream launch. Only at the very end: triggering before the output is written let the
+// consumer read stale results (NaNs in vLLM's one-shot path, vLLM #45448).
+__device__ __forceinline__ void allow_successor() {
+#if defined(__CUDA_ARCH__)
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+}  // namespace detail
+
+namespace exec {
+
+/// Every fiar kernel. The parameters stay in the constant bank (__grid_constant__), so the operation takes them by
+/// reference without a local copy.
+template <Operation Op>
+__global__ __attribute__((visibility("hidden"))) void __launch_bounds__(Op::max_threads, Op::min_blocks_per_sm)
+    kernel(const __grid_constant__ typename Op::Params p) {
+  detail::wait_for_predecessor();
+  DeviceCtx ctx;
+  Op::run(ctx, p);
+  detail::allow_successor();
+}
+
+/// The architecture (x10) of the image the driver loaded for kernel<Op> on `device` (its binaryVersion; 0 when it
+/// cannot be read). Cached per device.
+template <Operation Op>
+int image_arch(int device) {
+  static std::atomic<int> cached[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  int arch = cached[device].load(std::memory_order_relaxed);
+  if (arch != 0) return arch;
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel<Op>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  arch = attributes.binaryVersion;
+  cached[device].store(arch, std::memory_order_relaxed);
+  return arch;
+}
+
+/// Launches kernel<Op>(p) on `stream` with `shape` (device `device` current), with programmatic dependent launch
+/// when `pdl` is asked for and the loaded image is sm_90 or newer.
+template <Operation Op>
+void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cudaStream_t stream, bool pdl,
+                      int device) {
+  detail::DeviceGuard guard(device);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(shape.blocks));
+  config.blockDim = dim3(static_cast<unsigned>(shape.threads));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  if (pdl && image_arch<Op>(device) >= 90) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel<Op>, p);
+  detail::cuda_check(e,
+                             "cudaLaunchKernelEx (" + std::string(Op::name) + ", " + std::to_string(shape.blocks) +
+                                 " x " + std::to_string(shape.threads) + " threads) on device " +
+                                 std::to_string(device),
+                             "the stream belongs to device " + std::to_string(device) +
+                                 ", the binary was built for this GPU's architecture (gpu_archs), and no earlier "
+                                 "kernel faulted");
+}
+
+}  // namespace exec
+FIAR_END_NAMESPACE

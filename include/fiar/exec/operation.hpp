@@ -1,0 +1,41 @@
+// fiar/exec/operation.hpp — the one shape every kernel has: an operation type with its parameters, its launch
+// shape and run(ctx, params) over any execution context.
+// Contract: a platform launches an Operation without knowing what it computes (HostPlatform on the emulated grid,
+// CudaPlatform through the one __global__ template of exec/kernel.cuh); Params are trivially copyable (they travel
+// as a __grid_constant__ kernel parameter); every lane of every block calls run().
+#pragma once
+
+#include <concepts>
+#include <type_traits>
+
+#include "../core/prelude.hpp"
+#include "context.hpp"
+#include "host.hpp"
+
+FIAR_BEGIN_NAMESPACE
+namespace exec {
+
+/// A kernel, as a type:
+///   struct MyOp {
+///     struct Params { ... };                       // trivially copyable
+///     static constexpr const char* name = "...";   // in launch errors
+///     static constexpr int max_threads = 1024;     // __launch_bounds__ of its kernel
+///     static constexpr int min_blocks_per_sm = 0;  // 0: let ptxas choose
+///     static LaunchShape shape(const Params&, const LaunchLimits&);
+///     template <ExecutionContext Ctx> FIAR_HD static void run(Ctx&, const Params&);
+///   };
+template <class Op>
+concept Operation =
+    requires {
+      typename Op::Params;
+      { Op::name } -> std::convertible_to<const char*>;
+      { Op::max_threads } -> std::convertible_to<int>;
+      { Op::min_blocks_per_sm } -> std::convertible_to<int>;
+    } && std::is_trivially_copyable_v<typename Op::Params> &&
+    requires(const typename Op::Params& p, const LaunchLimits& limits, HostCtx& ctx) {
+      { Op::shape(p, limits) } -> std::same_as<LaunchShape>;
+      Op::run(ctx, p);
+    };
+
+}  // namespace exec
+FIAR_END_NAMESPACE

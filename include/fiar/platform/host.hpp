@@ -1,0 +1,197 @@
+// fiar/platform/host.hpp — HostPlatform: the ranks of a group are threads of one process and their "GPU memory" is
+// host memory; operations run on the host emulator (exec/host.hpp).
+// Contract: every operation runs unchanged on it (launch<Op>); calls are synchronous; it needs no GPU and no driver;
+// its collective setup steps fail on every rank alike (comm/agree.hpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../comm/agree.hpp"
+#include "../comm/bootstrap.hpp"
+#include "../core/errors.hpp"
+#include "../core/prelude.hpp"
+#include "../exec/atomics.hpp"
+#include "../exec/context.hpp"
+#include "../exec/host.hpp"
+#include "../exec/operation.hpp"
+#include "region.hpp"
+
+FIAR_BEGIN_NAMESPACE
+
+/// The emulated grid of every launch: keep it small, each lane is a thread.
+struct HostPlatformOptions {
+  int blocks = 2;
+  int lanes = 8;
+  /// Whether the emulated machine has NVLink multicast. false: allocate_multicast fails as it does on a
+  /// machine without NVSwitch multicast (fiar::multicast_error on every rank), to exercise the fallback.
+  bool multicast = true;
+};
+
+/// Runs fiar's kernels on the CPU, with the ranks as threads of this process (see docs/design.md).
+class HostPlatform {
+ public:
+  using Options = HostPlatformOptions;
+
+  static constexpr const char* name = "host";
+  static constexpr bool synchronous = true;  ///< launches return when the kernel has finished
+
+  /// A bad grid is reported by the first collective (allocate_shared) on every rank alike, so that one
+  /// rank's mistake cannot leave its peers waiting.
+  explicit HostPlatform(const Options& options = {}) : options_(options) {
+    init_ = detail::attempt([&] { grid_ = std::make_unique<exec::HostGrid>(options.blocks, options.lanes); });
+  }
+
+  /// Collective: allocates `bytes` of rank-visible memory per rank (zero-filled) and returns, in rank
+  /// order, where each rank's block is seen from this rank. All ranks must live in this process. Every
+  /// rank co-owns every block, so a rank that leaves early (or fails) cannot free memory its peers may
+  /// still write into.
+  template <Bootstrap B>
+  std::vector<std::uint32_t*> allocate_shared(B& boot, std::size_t bytes) {
+    const auto pids = detail::agree(boot, init_, static_cast<std::int64_t>(::getpid()), "HostPlatform setup failed on rank {rank}");
+    for (std::size_t r = 0; r < pids.size(); ++r) {
+      if (pids[r] != pids[0]) {
+        throw std::invalid_argument("fiar: HostPlatform needs every rank in one process, but rank " + std::to_string(r) +
+                                    " runs in process " + std::to_string(pids[r]) + " and rank 0 in " +
+                                    std::to_string(pids[0]) +
+                                    ". Fix: use CudaPlatform across processes, or run the ranks as threads "
+                                    "(InProcessGroup).");
+      }
+    }
+    std::shared_ptr<std::uint32_t> mine(allocate_words(bytes).release(), FreeDeleter{});
+    const auto key = reinterpret_cast<std::uintptr_t>(mine.get());
+    {
+      std::lock_guard lock(registry_mutex());
+      registry()[key] = mine;
+    }
+    const auto addresses = all_gather_value(boot, key);
+    std::vector<std::uint32_t*> peers;
+    {
+      std::lock_guard lock(registry_mutex());
+      for (auto a : addresses) {
+        shared_.push_back(registry().at(a));
+        peers.push_back(reinterpret_cast<std::uint32_t*>(a));
+      }
+    }
+    boot.barrier();  // every rank holds every block now: drop the hand-over entry
+    {
+      std::lock_guard lock(registry_mutex());
+      registry().erase(key);
+    }
+    return peers;
+  }
+
+  /// Collective: allocate_shared, plus the group's emulated multicast object over those blocks: a store
+  /// through the returned view lands in every rank's block (HostCtx::multicast_store16 plays the switch).
+  /// Throws fiar::multicast_error on every rank alike when any rank's options say the machine has no
+  /// multicast.
+  template <Bootstrap B>
+  MulticastRegion allocate_multicast(B& boot, std::size_t bytes) {
+    const auto support =
+        detail::agree(boot, init_, static_cast<std::uint8_t>(options_.multicast ? 1 : 0), "HostPlatform setup failed on rank {rank}");
+    for (std::size_t r = 0; r < support.size(); ++r) {
+      if (support[r] == 0) {
+        throw multicast_error("fiar: NVLink multicast setup failed: rank " + std::to_string(r) +
+                                  " runs on an (emulated) machine without multicast (HostPlatformOptions::multicast "
+                                  "= false). Fix: use the trtllm backend on one node or nccl across nodes, or "
+                                  "Backend::Auto, which falls back when it may.",
+                              static_cast<int>(cudaErrorNotSupported));
+      }
+    }
+    MulticastRegion region;
+    region.peers = allocate_shared(boot, bytes);
+    members_.push_back(std::make_unique<std::vector<std::uint32_t*>>(region.peers));
+    region.view.address = nullptr;
+    region.view.members = members_.back()->data();
+    region.view.member_count = static_cast<int>(members_.back()->size());
+    region.view.stores = multicast_stores_.get();
+    return region;
+  }
+
+  /// Multicast stores this rank's kernels made so far (the emulator counts them, so tests can check that a
+  /// protocol delivers through multicast what it should).
+  [[nodiscard]] std::uint32_t multicast_stores() const { return exec::SystemAtomics::load_acquire(multicast_stores_.get()); }
+
+  /// Memory only this rank's kernels use (protocol state, sum buffers), zero-filled.
+  void* allocate_local(std::size_t bytes, const char* /*what*/ = "protocol state") {
+    locals_.push_back(allocate_words(bytes));
+    return locals_.back().get();
+  }
+
+  /// Memory the kernels write and the host reads without synchronizing (error records), zero-filled.
+  void* allocate_host_visible(std::size_t bytes) { return allocate_local(bytes); }
+
+  /// Fills this rank's own memory with a 32-bit pattern.
+  void fill_words(std::uint32_t* p, std::size_t words, std::uint32_t value) {
+    for (std::size_t i = 0; i < words; ++i) exec::SystemAtomics::store_relaxed(p + i, value);
+  }
+
+  /// Reads a word the kernels write (host-visible memory).
+  static std::uint32_t read_word(const std::uint32_t* p) { return exec::SystemAtomics::load_acquire(p); }
+
+  /// Checks a caller's data pointer: host memory is all this platform can use, so nothing to check.
+  void check_pointer(const void*, const char*) const {}
+
+  /// Runs operation Op on the emulated grid (every lane of every block) and returns when all lanes have returned:
+  /// a launch plus a stream synchronisation. The grid is the platform's (Options), whatever Op's CUDA shape is.
+  template <exec::Operation Op>
+  void launch(const typename Op::Params& p, cudaStream_t = nullptr) {
+    if (!grid_) throw std::logic_error(detail::moved_from_text("HostPlatform"));
+    grid_->run([&p](exec::HostCtx& ctx) { Op::run(ctx, p); });
+  }
+
+  /// The architecture this platform runs kernels for: 0, the host emulator follows the topology's.
+  static constexpr int arch() { return 0; }
+
+  /// Launches are synchronous here.
+  void synchronize() {}
+
+  [[nodiscard]] const exec::HostGrid& grid() const { return *grid_; }
+
+ private:
+  struct FreeDeleter {
+    void operator()(std::uint32_t* p) const { std::free(p); }
+  };
+  using Block = std::unique_ptr<std::uint32_t, FreeDeleter>;
+
+  static Block allocate_words(std::size_t bytes) {
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0, rounded == 0 ? 64 : rounded);
+    return Block(static_cast<std::uint32_t*>(p));
+  }
+
+  // Blocks being handed over between the ranks of a group during allocate_shared.
+  static std::mutex& registry_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::unordered_map<std::uintptr_t, std::shared_ptr<std::uint32_t>>& registry() {
+    static std::unordered_map<std::uintptr_t, std::shared_ptr<std::uint32_t>> r;
+    return r;
+  }
+
+  Options options_;
+  std::unique_ptr<exec::HostGrid> grid_;
+  std::vector<std::unique_ptr<std::vector<std::uint32_t*>>> members_;  // emulated multicast groups
+  std::unique_ptr<std::uint32_t> multicast_stores_ = std::make_unique<std::uint32_t>(0u);  // stable across moves
+  detail::StepOutcome init_;  ///< the constructor's failure (a bad grid), raised by the first collective
+  std::vector<std::shared_ptr<std::uint32_t>> shared_;  // every rank's block, co-owned
+  std::vector<Block> locals_;
+};
+
+FIAR_END_NAMESPACE
