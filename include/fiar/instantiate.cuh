@@ -1,7 +1,7 @@
 // fiar/instantiate.cuh — defines CudaPlatform::launch for every fiar operation, pattern and element type: include it
 // in exactly one nvcc translation unit of each linked module (executable or shared library) that runs on CudaPlatform.
 // Contract: standard-conforming explicit instantiation definitions of what <fiar/fiar.hpp> declares `extern template`
-// (backend/launches.hpp). Before including it, a translation unit may select a subset (to split the kernels over
+// (backend/registry.hpp). Before including it, a translation unit may select a subset (to split the kernels over
 // several translation units of one module, or to build fewer): define FIAR_INSTANTIATE_DTYPES(X, ...) as a sublist of
 // FIAR_FOR_EACH_DTYPE, FIAR_INSTANTIATE_PATTERNS(X, ...) as a sublist of FIAR_FOR_EACH_PATTERN, and/or
 // FIAR_INSTANTIATE_OPERATIONS(X) as a sublist of FIAR_ALL_OPERATIONS. Calling a launch no translation unit defines is

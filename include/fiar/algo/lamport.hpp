@@ -171,6 +171,23 @@ FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
   return exec::sanitize<sizeof(T)>(row[vec]);
 }
 
+// Where a call stands, read once at its start: its deadline, its number, and the word offsets of the buffer it
+// writes into (current) and of the one it clears (previous).
+struct CallFrame {
+  std::uint64_t deadline;
+  std::uint32_t call;
+  std::size_t cur;
+  std::size_t prev;
+};
+
+FIAR_EXEC_CHECK_DISABLE
+template <ReduceType T, class Ctx>
+FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportParams<T>& p) {
+  const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
+  const std::uint32_t call = ctx.load_acquire(&p.state->call);
+  return CallFrame{deadline, call, (call % kLamportBuffers) * p.buffer_words,
+                   ((call + kLamportBuffers - 1) % kLamportBuffers) * p.buffer_words};
+}
 
 }  // namespace detail
 
@@ -181,10 +198,7 @@ FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail;
-  const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
-  const std::uint32_t call = ctx.load_acquire(&p.state->call);
-  const std::size_t cur = (call % kLamportBuffers) * p.buffer_words;
-  const std::size_t prev = ((call + kLamportBuffers - 1) % kLamportBuffers) * p.buffer_words;
+  const auto [deadline, call, cur, prev] = begin_call(ctx, p);
   const std::size_t vecs = static_cast<std::size_t>(p.vecs_per_token);
   auto slot = [&](int source, int token, int vec) {
     return ((static_cast<std::size_t>(source) * p.num_tokens + token) * vecs + vec) * fiar::exec::kWordsPerVec;
@@ -225,10 +239,7 @@ FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail;
-  const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
-  const std::uint32_t call = ctx.load_acquire(&p.state->call);
-  const std::size_t cur = (call % kLamportBuffers) * p.buffer_words;
-  const std::size_t prev = ((call + kLamportBuffers - 1) % kLamportBuffers) * p.buffer_words;
+  const auto [deadline, call, cur, prev] = begin_call(ctx, p);
   const std::size_t vecs = static_cast<std::size_t>(p.vecs_per_token);
   const int chunk = twoshot_chunk(p.world_size, p.num_tokens);
   const std::size_t gather_base = static_cast<std::size_t>(p.world_size) * chunk * vecs * fiar::exec::kWordsPerVec;

@@ -29,9 +29,7 @@
 #include "../core/topology.hpp"
 #include "../core/type_list.hpp"
 #include "../platform/concept.hpp"
-#include "mnnvl.hpp"
-#include "nccl.hpp"
-#include "trtllm.hpp"
+#include "registry.hpp"
 #include "workspace.hpp"
 
 FIAR_BEGIN_NAMESPACE

@@ -1,8 +1,8 @@
-// fiar/backend/launches.hpp — every operation fiar launches on CudaPlatform, listed once, and their launch functions
-// declared `extern template` for every pattern and element type.
+// fiar/backend/registry.hpp — every backend's header and every operation fiar launches on CudaPlatform, listed once,
+// with their launch functions declared `extern template` for every pattern and element type.
 // Contract: no translation unit instantiates CudaPlatform::launch<Op> implicitly; <fiar/instantiate.cuh> defines them
-// all (or the subset its macros select) in one nvcc translation unit per linked module. A new backend adds its
-// FIAR_<NAME>_OPERATIONS here.
+// all (or the subset its macros select) in one nvcc translation unit per linked module. A new backend adds its header
+// and its FIAR_<NAME>_OPERATIONS here (and its policy to core/policy.hpp's BackendPolicies).
 #pragma once
 
 #include <cuda_runtime_api.h>
