@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Command-line helpers shared by fiar-check and fiar-demo (example code, not part of the library).
 #pragma once
 
@@ -20,15 +21,16 @@ struct UsageError : std::runtime_error {
 inline std::string quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
 
 /// "cudaErrorNoDevice: no CUDA-capable device is detected".
-inline std::string describe_cuda(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+inline std::string describe_cuda(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
 
 /// The integer `text` given to `flag`, at least `min`.
 inline int parse_int(std::string_view flag, std::string_view text, int min) {
   int v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < min) {
-    throw UsageError(std::string(flag) + " " + quoted(text) + ": expected an integer >= " +
-                     std::to_string(min));
+    throw UsageError(std::string(flag) + " " + quoted(text) + ": expected an integer >= " + std::to_string(min));
   }
   return v;
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar-check — preflight for the all-reduce backend choice.
 // Prints the topology (discovered on this machine, or described with flags), which backends can run on it,
 // what fiar chooses and why; for a rejected choice, the error and its fix.
@@ -217,12 +218,12 @@ int main(int argc, char** argv) {
   const fiar::Topology& t = report.topology;
 
   std::printf("fiar-check %s\n", fiar::version_string);
-  std::printf("topology (%s):\n  %s\n",
-              opt.describes_topology() ? "described by flags"
-                                       : ("discovered: " + std::to_string(t.world_size) +
-                                          " in-process rank(s), one per visible GPU")
-                                             .c_str(),
-              fiar::to_string(t).c_str());
+  std::printf(
+      "topology (%s):\n  %s\n",
+      opt.describes_topology()
+          ? "described by flags"
+          : ("discovered: " + std::to_string(t.world_size) + " in-process rank(s), one per visible GPU").c_str(),
+      fiar::to_string(t).c_str());
   for (const auto& n : report.notes) std::printf("  note: %s\n", n.c_str());
   std::printf("requested backend: %s (%s)\n", std::string(fiar::to_string(requested)).c_str(), requested_from.c_str());
   std::printf("backends on this topology:\n");

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar-demo — runs real all-reduces through fiar and verifies every rank's result against an independent
 // reference: on the GPU (one thread per rank, each with its own stream) or on the host emulator.
 // Exit status: 0 every iteration on every rank matched, 1 a mismatch or failure, 2 the configuration is
@@ -122,12 +123,15 @@ Options parse(int argc, char** argv, bool& help) {
       o.iterations = parse_int(arg, value, 1);
     } else if (arg == "--strategy") {
       const std::string s = parse_choice(arg, value, "auto", "oneshot", "twoshot");
-      o.strategy = s == "oneshot" ? fiar::Strategy::OneShot : s == "twoshot" ? fiar::Strategy::TwoShot : fiar::Strategy::Auto;
+      o.strategy = s == "oneshot"   ? fiar::Strategy::OneShot
+                   : s == "twoshot" ? fiar::Strategy::TwoShot
+                                    : fiar::Strategy::Auto;
     } else if (arg == "--pattern") {
       const std::string p = parse_choice(arg, value, "allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8",
                                          "residual_rmsnorm_fp8_dynamic", "residual_rmsnorm_nvfp4");
-      for (fiar::Pattern c : {fiar::Pattern::AllReduce, fiar::Pattern::ResidualRmsNorm, fiar::Pattern::ResidualRmsNormFp8,
-                              fiar::Pattern::ResidualRmsNormFp8Dynamic, fiar::Pattern::ResidualRmsNormNvfp4}) {
+      for (fiar::Pattern c :
+           {fiar::Pattern::AllReduce, fiar::Pattern::ResidualRmsNorm, fiar::Pattern::ResidualRmsNormFp8,
+            fiar::Pattern::ResidualRmsNormFp8Dynamic, fiar::Pattern::ResidualRmsNormNvfp4}) {
         if (p == fiar::to_string(c)) o.pattern = c;
       }
     } else {
@@ -152,14 +156,18 @@ float input_value(int r, int it, std::size_t i) {
 
 template <class T>
 double unit_roundoff() {
-  return std::is_same_v<T, float> ? std::ldexp(1.0, -24) : std::is_same_v<T, __half> ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  return std::is_same_v<T, float>    ? std::ldexp(1.0, -24)
+         : std::is_same_v<T, __half> ? std::ldexp(1.0, -11)
+                                     : std::ldexp(1.0, -8);
 }
 
 // The spacing of T's subnormals (its smallest positive value): rounding a result near zero to T may be off by up to
 // half of it whatever the relative bound says, so every bound below carries it as an absolute term.
 template <class T>
 double subnormal_step() {
-  return std::is_same_v<T, float> ? std::ldexp(1.0, -149) : std::is_same_v<T, __half> ? std::ldexp(1.0, -24) : std::ldexp(1.0, -133);
+  return std::is_same_v<T, float>    ? std::ldexp(1.0, -149)
+         : std::is_same_v<T, __half> ? std::ldexp(1.0, -24)
+                                     : std::ldexp(1.0, -133);
 }
 
 struct RankResult {
@@ -274,9 +282,9 @@ T round_to(float x) {
 // norm_out.
 template <class T>
 void verify_fused(const Options& o, int world, int it, const std::vector<T>& residual, const std::vector<T>& gamma,
-                  const std::vector<T>& residual_out, const std::vector<T>& norm, const std::vector<std::uint8_t>& quant,
-                  const std::vector<float>& scale_out, const std::vector<std::uint8_t>& block_scales, float scale,
-                  RankResult& res) {
+                  const std::vector<T>& residual_out, const std::vector<T>& norm,
+                  const std::vector<std::uint8_t>& quant, const std::vector<float>& scale_out,
+                  const std::vector<std::uint8_t>& block_scales, float scale, RankResult& res) {
   const int H = o.hidden;
   const double ulp = unit_roundoff<T>() * 2;
   for (int t = 0; t < o.tokens; ++t) {
@@ -310,14 +318,18 @@ void verify_fused(const Options& o, int world, int it, const std::vector<T>& res
       for (int h = 0; h < H; ++h) {
         const std::size_t i = static_cast<std::size_t>(t) * H + h;
         const float q = dynamic ? f32(norm[i]) / token_scale : f32(norm[i]) * (1.0f / scale);
-        if (quant[i] != static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3))) ++res.mismatches;
+        if (quant[i] != static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3)))
+          ++res.mismatches;
       }
     } else if (o.pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
       for (int k = 0; k < H / 16; ++k) {
         float block_max = 0.0f;
-        for (int j = 0; j < 16; ++j) block_max = std::max(block_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j])));
-        const auto sf = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(scale * block_max / 6.0f, __NV_SATFINITE, __NV_E4M3));
-        if (block_scales[fiar::algo::nvfp4_scale_offset(t, k, H, fiar::ScaleLayout::Swizzled128x4)] != sf) ++res.mismatches;
+        for (int j = 0; j < 16; ++j)
+          block_max = std::max(block_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j])));
+        const auto sf =
+            static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(scale * block_max / 6.0f, __NV_SATFINITE, __NV_E4M3));
+        if (block_scales[fiar::algo::nvfp4_scale_offset(t, k, H, fiar::ScaleLayout::Swizzled128x4)] != sf)
+          ++res.mismatches;
         const float sf_value = __half2float(__half(__nv_cvt_fp8_to_halfraw(sf, __NV_E4M3)));
         const float factor = sf_value == 0.0f ? 0.0f : scale / sf_value;
         for (int j = 0; j < 16; ++j) {
@@ -346,11 +358,12 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
   const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
   const std::size_t sf_bytes = fiar::algo::nvfp4_scale_bytes(o.tokens, o.hidden, fiar::ScaleLayout::Swizzled128x4);
   const float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;  // nvfp4 global scale, or the static fp8 scale
-  std::vector<T> host_in(count), host_out(count), residual(count), gamma(static_cast<std::size_t>(o.hidden)), norm(count),
-      residual_out(count);
+  std::vector<T> host_in(count), host_out(count), residual(count), gamma(static_cast<std::size_t>(o.hidden)),
+      norm(count), residual_out(count);
   std::vector<std::uint8_t> quant(quant_bytes), block_scales(sf_bytes);
   std::vector<float> scale_out(static_cast<std::size_t>(o.tokens));
-  for (int h = 0; h < o.hidden; ++h) gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * static_cast<float>(h % 5));
+  for (int h = 0; h < o.hidden; ++h)
+    gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * static_cast<float>(h % 5));
   fiar::FusedArgs<T> a;
   a.num_tokens = o.tokens;
   a.in = static_cast<T*>(mem.alloc(bytes));
@@ -372,7 +385,8 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
   if constexpr (P == fiar::Pattern::ResidualRmsNormFp8 || P == fiar::Pattern::ResidualRmsNormFp8Dynamic || nvfp4) {
     a.quant_out = mem.alloc(quant_bytes);
   }
-  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Dynamic) a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
+  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Dynamic)
+    a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
   if constexpr (nvfp4) a.block_scale_out = mem.alloc(sf_bytes);
   mem.sync();
   for (int it = 0; it < o.iterations; ++it) {
@@ -395,7 +409,8 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
       if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
       if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
       if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
-      verify_fused<T>(o, topo.world_size, it, residual, gamma, residual_out, norm, quant, scale_out, block_scales, scale, res);
+      verify_fused<T>(o, topo.world_size, it, residual, gamma, residual_out, norm, quant, scale_out, block_scales,
+                      scale, res);
     }
   }
   auto append = [&res](const void* p, std::size_t n) {
@@ -499,10 +514,10 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
   }
 
   if (o.pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
-    const char* why = std::is_same_v<T, float>  ? "it takes 16-bit input; pass --dtype half or bf16"
-                      : topo.arch < 100         ? "it needs sm_100 or newer (on the host emulator: --arch sm_100)"
-                      : o.hidden % 16 != 0      ? "it needs a hidden size that is a multiple of 16"
-                                                : nullptr;
+    const char* why = std::is_same_v<T, float> ? "it takes 16-bit input; pass --dtype half or bf16"
+                      : topo.arch < 100        ? "it needs sm_100 or newer (on the host emulator: --arch sm_100)"
+                      : o.hidden % 16 != 0     ? "it needs a hidden size that is a multiple of 16"
+                                               : nullptr;
     if (why != nullptr) {
       std::fprintf(stderr, "fiar-demo: residual_rmsnorm_nvfp4 cannot run here (%s, %s): %s.\n",
                    std::string(fiar::dtype_name<T>()).c_str(), fiar::arch_name(topo.arch).c_str(), why);
@@ -548,7 +563,8 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
   }
   std::printf("pattern: %s\n", fiar::to_string(o.pattern));
   std::printf("shape: %d tokens x %d hidden, %s, %d iteration(s), strategy %s -> %s\n", o.tokens, o.hidden,
-              std::string(fiar::dtype_name<T>()).c_str(), o.iterations, std::string(fiar::to_string(o.strategy)).c_str(),
+              std::string(fiar::dtype_name<T>()).c_str(), o.iterations,
+              std::string(fiar::to_string(o.strategy)).c_str(),
               first.backend == fiar::Backend::Nccl ? "nccl (its own algorithm)"
                                                    : std::string(fiar::to_string(first.strategy)).c_str());
 
@@ -574,10 +590,11 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
     return kExitFailed;
   }
   const bool ok = mismatches == 0 && identical;
-  std::printf("fiar-demo: %s: %d rank(s) x %d iteration(s) on %s, %ld element(s) outside the bound, max |error| %.3g, "
-              "ranks %s, %.2f s wall\n",
-              ok ? "PASS" : "FAIL", world, o.iterations, platform.c_str(), mismatches, max_error,
-              identical ? "bit-identical" : "DIFFER", seconds);
+  std::printf(
+      "fiar-demo: %s: %d rank(s) x %d iteration(s) on %s, %ld element(s) outside the bound, max |error| %.3g, "
+      "ranks %s, %.2f s wall\n",
+      ok ? "PASS" : "FAIL", world, o.iterations, platform.c_str(), mismatches, max_error,
+      identical ? "bit-identical" : "DIFFER", seconds);
   return ok ? kExitOk : kExitFailed;
 }
 
@@ -609,7 +626,9 @@ int main(int argc, char** argv) {
   }
   const int world = o.world_size.value_or(platform == "cuda" ? gpus : 4);
   std::printf("fiar-demo %s: platform %s%s\n", fiar::version_string, platform.c_str(),
-              platform == "host" ? (" (host emulator; " + (have_gpu ? std::string("a GPU is present") : "no usable GPU: " + no_gpu) + ")").c_str()
+              platform == "host" ? (" (host emulator; " +
+                                    (have_gpu ? std::string("a GPU is present") : "no usable GPU: " + no_gpu) + ")")
+                                       .c_str()
                                  : "");
   try {
     if (o.dtype == "float") return run<float>(o, platform, world, gpus, requested);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one nvcc translation unit of the example programs (and of the test binaries that run on GPUs): it defines
 // CudaPlatform::launch for every fiar operation, so every other file can be plain C++ that includes <fiar/fiar.hpp>.
 // Your program needs one such file per linked module (executable or shared library); see docs/api.md.

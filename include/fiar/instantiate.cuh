@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/instantiate.cuh — defines CudaPlatform::launch for every fiar operation, pattern and element type: include it
 // in exactly one nvcc translation unit of each linked module (executable or shared library) that runs on CudaPlatform.
 // Contract: standard-conforming explicit instantiation definitions of what <fiar/fiar.hpp> declares `extern template`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/algo/convert.hpp — element <-> fp32 conversions and Vec16 packing, for host and device alike.
 // Contract: to_float/from_float are the CUDA conversion functions (round to nearest even), which have identical host
 // and device definitions, so the host emulator produces the bits a GPU produces.

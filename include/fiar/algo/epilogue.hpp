@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/algo/epilogue.hpp — what a protocol does with each reduced token: write it, or fuse the residual add, RMSNorm
 // and FP8 / NVFP4 quantization that follow the all-reduce. Written once for every backend, driven by the pattern's
 // row of core/pattern.hpp (norm, quantization).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/algo/epilogue_pass.hpp — the fused epilogue as a pass of its own, over a sum that is already reduced (the
 // nccl backend: ncclAllReduce first, then this pass), and the operation (EpiloguePass) that launches it.
 // Contract: the same per-token epilogue as the Lamport kernels (finish_token / finish_call_outputs), so the outputs
@@ -20,8 +21,8 @@ namespace algo {
 /// Everything one rank's epilogue pass needs for one call.
 template <ReduceType T>
 struct EpiloguePassParams {
-  const T* sum;           ///< [num_tokens, hidden_dim]: the reduced all-reduce result (never aliases an output)
-  T* out;                 ///< Pattern::AllReduce only: where the sum is copied (the fused patterns ignore it)
+  const T* sum;  ///< [num_tokens, hidden_dim]: the reduced all-reduce result (never aliases an output)
+  T* out;        ///< Pattern::AllReduce only: where the sum is copied (the fused patterns ignore it)
   int num_tokens;
   int vecs_per_token;     ///< hidden_dim * sizeof(T) / 16
   EpilogueParams<T> epi;  ///< the fused outputs

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/algo/lamport.hpp — the Lamport protocols of the trtllm and mnnvl backends, written once against an execution
 // context and a transport, and the operations (LamportOneShot, LamportTwoShot) that launch them.
 // Contract: lamport_oneshot and lamport_twoshot run unchanged on the GPU (DeviceCtx) and in the host emulator
@@ -55,19 +56,19 @@ inline constexpr std::uint32_t kErrorTimeout = 1;
 /// Everything one rank's kernel needs for one call.
 template <ReduceType T>
 struct LamportParams {
-  const T* in;                              ///< [num_tokens, hidden_dim], this rank's contribution
-  T* out;                                   ///< [num_tokens, hidden_dim], may equal in
+  const T* in;  ///< [num_tokens, hidden_dim], this rank's contribution
+  T* out;       ///< [num_tokens, hidden_dim], may equal in
   int num_tokens;
-  int vecs_per_token;                       ///< hidden_dim * sizeof(T) / 16
+  int vecs_per_token;  ///< hidden_dim * sizeof(T) / 16
   int world_size;
   int rank;
-  std::uint32_t* buffers[kMaxRanks];        ///< each rank's Lamport region (3 buffers), as mapped here
-  MulticastView multicast;                  ///< Transport::Multicast: the group's multicast mapping
-  std::size_t buffer_words;                 ///< words per Lamport buffer
-  LamportState* state;                      ///< this rank's state
-  ErrorRecord* error;                       ///< this rank's error record
-  std::uint64_t timeout_ns;                 ///< per call, from the kernel's start
-  EpilogueParams<T> epi;                    ///< fused outputs (Pattern other than AllReduce)
+  std::uint32_t* buffers[kMaxRanks];  ///< each rank's Lamport region (3 buffers), as mapped here
+  MulticastView multicast;            ///< Transport::Multicast: the group's multicast mapping
+  std::size_t buffer_words;           ///< words per Lamport buffer
+  LamportState* state;                ///< this rank's state
+  ErrorRecord* error;                 ///< this rank's error record
+  std::uint64_t timeout_ns;           ///< per call, from the kernel's start
+  EpilogueParams<T> epi;              ///< fused outputs (Pattern other than AllReduce)
 };
 
 /// Words a call of `tokens` tokens writes into one Lamport buffer.
@@ -116,8 +117,8 @@ FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, std::uint64_t deadli
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline void clear(Ctx& ctx, std::uint32_t* buffer, std::size_t words) {
-  const std::size_t stride = static_cast<std::size_t>(ctx.lanes()) * static_cast<std::size_t>(ctx.blocks()) *
-                             fiar::exec::kWordsPerVec;
+  const std::size_t stride =
+      static_cast<std::size_t>(ctx.lanes()) * static_cast<std::size_t>(ctx.blocks()) * fiar::exec::kWordsPerVec;
   std::size_t i = (static_cast<std::size_t>(ctx.block()) * static_cast<std::size_t>(ctx.lanes()) +
                    static_cast<std::size_t>(ctx.lane())) *
                   fiar::exec::kWordsPerVec;
@@ -227,7 +228,8 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   }
   finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
-  finish_call(ctx, p.state, call, static_cast<std::uint32_t>(oneshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
+  finish_call(ctx, p.state, call,
+              static_cast<std::uint32_t>(oneshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
 }
 
 /// Lamport two-shot. Tokens are split into W contiguous chunks; rank o owns chunk o. Each rank stores its
@@ -271,8 +273,7 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
         const Vec16 y = poll(ctx, p.buffers[p.rank] + cur + scatter_slot(r, lt, v), deadline, p.error, r, false, call);
         unpack_add<T>(y, acc);
       }
-      store_to_all<X>(ctx, p, cur + gather_slot(first + lt, v),
-                      exec::sanitize<sizeof(T)>(pack<T>(acc)));
+      store_to_all<X>(ctx, p, cur + gather_slot(first + lt, v), exec::sanitize<sizeof(T)>(pack<T>(acc)));
     }
   }
 
@@ -285,7 +286,8 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   }
   finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
-  finish_call(ctx, p.state, call, static_cast<std::uint32_t>(twoshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
+  finish_call(ctx, p.state, call,
+              static_cast<std::uint32_t>(twoshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
 }
 
 /// The operations of the Lamport protocols: their parameters are LamportParams<T>, their grid one block per token

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/algo/quant.hpp — the quantized formats the fused epilogues write: FP8 e4m3 and NVFP4 (e2m1 values,
 // e4m3 block scales) with its scale-factor layouts.
 // Contract: conversions are the CUDA ones (cuda_fp8.h / cuda_fp4.h: round to nearest even, saturating to

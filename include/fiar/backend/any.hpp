@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/any.hpp — make_workspace(): the run-time backend choice, agreed by every rank, and
 // AnyWorkspace<T, Platform>, the workspace of whichever backend was chosen.
 // Contract: make_workspace is collective. Every rank ends with the same backend: the ranks exchange what they
@@ -53,7 +54,9 @@ class AnyWorkspace {
     requires(std::is_same_v<std::remove_cvref_t<W>, Workspace<typename std::remove_cvref_t<W>::policy_type, T, Pf>> &&
              !std::is_lvalue_reference_v<W>)
   AnyWorkspace(W&& ws, Resolution resolution, bool fell_back)
-      : ws_(std::in_place_type<std::remove_cvref_t<W>>, std::move(ws)), resolution_(resolution), fell_back_(fell_back) {}
+      : ws_(std::in_place_type<std::remove_cvref_t<W>>, std::move(ws)),
+        resolution_(resolution),
+        fell_back_(fell_back) {}
 
   AnyWorkspace(AnyWorkspace&&) noexcept = default;
   AnyWorkspace& operator=(AnyWorkspace&&) noexcept = default;
@@ -93,7 +96,8 @@ class AnyWorkspace {
     return visit([&](const auto& ws) { return ws.is_buffer_size_sufficient(num_tokens, s); });
   }
 
-  void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
+  void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr,
+                 Strategy strategy = Strategy::Auto) {
     visit([&](auto& ws) { ws.allreduce(in, out, num_tokens, stream, strategy); });
   }
   template <Pattern P>
@@ -155,19 +159,25 @@ template <Bootstrap B>
 std::pair<Backend, Topology> agree_on_choice(B& boot, std::optional<Backend> requested, const Topology& topo) {
   Backend mine_request = Backend::Auto;
   const StepOutcome local = attempt([&] { mine_request = checked_request(boot, requested, topo); });
-  const ChoiceRecord mine{static_cast<std::int32_t>(mine_request), topo.world_size, topo.node_count,
-                          topo.multicast_supported ? 1 : 0, topo.fabric_handles_supported ? 1 : 0,
-                          topo.node_peer_access ? 1 : 0, topo.arch, 0};
+  const ChoiceRecord mine{static_cast<std::int32_t>(mine_request),
+                          topo.world_size,
+                          topo.node_count,
+                          topo.multicast_supported ? 1 : 0,
+                          topo.fabric_handles_supported ? 1 : 0,
+                          topo.node_peer_access ? 1 : 0,
+                          topo.arch,
+                          0};
   const auto all = agree(boot, local, mine, "make_workspace failed on rank {rank}");
   Topology merged = topo;
   for (std::size_t r = 0; r < all.size(); ++r) {
     const ChoiceRecord& c = all[r];
     if (c.requested != all[0].requested) {
-      throw std::invalid_argument(
-          "fiar: make_workspace: ranks requested different backends: rank 0 asked for '" +
-          std::string(to_string(static_cast<Backend>(all[0].requested))) + "', rank " + std::to_string(r) + " for '" +
-          std::string(to_string(static_cast<Backend>(c.requested))) + "'. Fix: pass the same backend on every rank (set " +
-          std::string(backend_env_var) + " identically everywhere, or unset it).");
+      throw std::invalid_argument("fiar: make_workspace: ranks requested different backends: rank 0 asked for '" +
+                                  std::string(to_string(static_cast<Backend>(all[0].requested))) + "', rank " +
+                                  std::to_string(r) + " for '" +
+                                  std::string(to_string(static_cast<Backend>(c.requested))) +
+                                  "'. Fix: pass the same backend on every rank (set " + std::string(backend_env_var) +
+                                  " identically everywhere, or unset it).");
     }
     if (c.world_size != all[0].world_size || c.node_count != all[0].node_count) {
       throw std::invalid_argument(
@@ -205,12 +215,12 @@ AnyWorkspace<T, Pf> make_workspace(B& boot, const Topology& topology, const Work
         // Thrown on every rank alike (the platform agrees on the failure), so every rank decides the same here.
         if (!res.allow_trtllm_fallback) throw;
         fallback = P::setup_fallback;
-        log(LogLevel::Warning,
-            "rank " + std::to_string(merged.rank) + ": backend auto chose " + std::string(to_string(P::backend)) +
-                ", but NVLink multicast could not be set up; falling back to " + std::string(to_string(fallback)) +
-                ", which this single-node group can run. Set " + std::string(backend_env_var) + "=" +
-                std::string(to_string(fallback)) + " to skip the attempt. Why multicast failed: " +
-                without_fiar_prefix(e.what()));
+        log(LogLevel::Warning, "rank " + std::to_string(merged.rank) + ": backend auto chose " +
+                                   std::string(to_string(P::backend)) +
+                                   ", but NVLink multicast could not be set up; falling back to " +
+                                   std::string(to_string(fallback)) + ", which this single-node group can run. Set " +
+                                   std::string(backend_env_var) + "=" + std::string(to_string(fallback)) +
+                                   " to skip the attempt. Why multicast failed: " + without_fiar_prefix(e.what()));
       }
     } else {
       made.emplace(Workspace<P, T, Pf>(boot, merged, config, options), res, false);

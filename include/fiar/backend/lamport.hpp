@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/lamport.hpp — what the trtllm and mnnvl workspaces share: sizing, the strategy choice, the allocation
 // of the Lamport region and the launch of the Lamport operations (algo/lamport.hpp).
 // Contract: a kernel that waited past the deadline makes this and every later call throw fiar::timeout_error until
@@ -46,7 +47,8 @@ class LamportWorkspace {
   /// Words of one Lamport buffer for this configuration (one of three; a call uses one).
   static std::size_t buffer_words(int world_size, int arch, const WorkspaceConfig& cfg) {
     const int vecs = vecs_per_token(cfg.hidden_dim);
-    const std::size_t threshold = cfg.oneshot_max_bytes.value_or(default_oneshot_max_bytes(Policy::backend, arch, world_size));
+    const std::size_t threshold =
+        cfg.oneshot_max_bytes.value_or(default_oneshot_max_bytes(Policy::backend, arch, world_size));
     const std::size_t row_bytes = static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T);
     // Auto runs one-shot up to the threshold and whenever tokens < world size (choose_strategy).
     const std::size_t auto_oneshot_tokens = std::max<std::size_t>(threshold / row_bytes, world_size - 1);
@@ -149,7 +151,8 @@ class LamportWorkspace {
     p.buffer_words = buffer_words_;
     p.state = state_.get();
     p.error = error_.get();
-    p.timeout_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.timeout).count());
+    p.timeout_ns =
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.timeout).count());
     p.epi = algo::epilogue_params(a);
     if (s == Strategy::TwoShot) {
       platform_.template launch<TwoShot<P, T>>(p, stream);
@@ -170,9 +173,10 @@ class LamportWorkspace {
     };
     const std::uint64_t missing = mask(error_->missing);
     const std::uint64_t stalled = mask(error_->stalled);
-    const std::string waited = missing != 0 ? "waiting for data from rank(s) " + rank_mask_text(missing)
-                                            : "waiting for results reduced by rank(s) " + rank_mask_text(stalled) +
-                                                  " (two-shot owners: one of them, or a rank they wait for, is missing)";
+    const std::string waited = missing != 0
+                                   ? "waiting for data from rank(s) " + rank_mask_text(missing)
+                                   : "waiting for results reduced by rank(s) " + rank_mask_text(stalled) +
+                                         " (two-shot owners: one of them, or a rank they wait for, is missing)";
     throw timeout_error(call_timeout_text(kName, topo_.rank, cfg_.timeout, waited, Pf::read_word(&error_->call)));
   }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/mnnvl.hpp — the mnnvl backend: the Lamport all-reduce over NVLink multicast (NVSwitch; across nodes with
 // fabric handles, e.g. GB200 NVL72 with IMEX).
 // Contract: each rank's region is bound to one multicast object of the group, so a value every rank needs is one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/nccl.hpp — the nccl backend, the fallback that works on any topology: the sum is a library all-reduce
 // (ncclAllReduce on CudaPlatform; a plain host reduction among the emulated ranks on HostPlatform), then the fused
 // epilogue is an operation of its own (NcclEpilogue over algo/epilogue_pass.hpp).
@@ -83,7 +84,9 @@ class NcclWorkspaceBase {
   NcclWorkspaceBase(const typename Pf::Options& options, const Topology& topo, const WorkspaceConfig& cfg)
       : platform_(options), topo_(topo), cfg_(cfg) {}
 
-  static int vecs_per_token(int hidden_dim) { return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16); }
+  static int vecs_per_token(int hidden_dim) {
+    return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16);
+  }
   /// Bytes of one [max_token_num, hidden_dim] tensor of T.
   static std::size_t activation_bytes(const WorkspaceConfig& cfg) {
     return static_cast<std::size_t>(cfg.max_token_num) * static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T);
@@ -249,8 +252,9 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
     return CreationExtras{Base::activation_bytes(cfg) / 4, 0, false};
   }
   static std::string creation_error() {
-    return built_with_nccl ? std::string() : built_without_nccl_text("Workspace<NcclPolicy, " +
-                                                                     std::string(dtype_name<T>()) + ", CudaPlatform>");
+    return built_with_nccl
+               ? std::string()
+               : built_without_nccl_text("Workspace<NcclPolicy, " + std::string(dtype_name<T>()) + ", CudaPlatform>");
   }
   static std::string adopt_error(NcclComm comm, const Topology& topo) {
     if (std::string e = creation_error(); !e.empty()) return e;
@@ -339,8 +343,8 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
     if (e != cudaErrorNotReady) {
       (void)cudaGetLastError();
       fail(StepOutcome::kCuda, static_cast<int>(e),
-           cuda_failure_text("cudaEventQuery (the nccl workspace's call " + std::to_string(pending_call_) + " on rank " +
-                                 std::to_string(this->topo_.rank) + ")",
+           cuda_failure_text("cudaEventQuery (the nccl workspace's call " + std::to_string(pending_call_) +
+                                 " on rank " + std::to_string(this->topo_.rank) + ")",
                              e, "the device is healthy; a kernel on the stream may have faulted"));
     }
     if (std::chrono::steady_clock::now() - pending_since_ > this->cfg_.timeout) {
@@ -381,24 +385,25 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
     // a new one.
     std::array<char, 128> unique_id{};
     static_assert(sizeof(ncclUniqueId) <= sizeof(unique_id));
-    const auto ids = agree(boot, attempt([&] {
-                             this->platform_.synchronize();  // raises the platform's own setup failure (no GPU, bad options)
-                             sum_ = Borrowed(static_cast<T*>(this->platform_.allocate_local(
-                                 Base::activation_bytes(this->cfg_), "the nccl workspace's sum buffer")));
-                             DeviceGuard guard(this->platform_.device());
-                             done_ = make_event(this->platform_.device(), "nccl workspace");
-                             if (adopt) {
-                               check_adopted(adopted, deadline);
-                               comm_ = NcclCommHandle(adopted, false, this->cfg_.timeout);
-                             } else if (this->topo_.rank == 0) {
-                               ncclUniqueId id;
-                               nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId on rank 0",
-                                          "this host has a usable network interface for NCCL's bootstrap "
-                                          "(NCCL_SOCKET_IFNAME); NCCL_DEBUG=INFO shows NCCL's view");
-                               std::memcpy(unique_id.data(), &id, sizeof(id));
-                             }
-                           }),
-                           unique_id, "setting up the nccl workspace");
+    const auto ids =
+        agree(boot, attempt([&] {
+                this->platform_.synchronize();  // raises the platform's own setup failure (no GPU, bad options)
+                sum_ = Borrowed(static_cast<T*>(this->platform_.allocate_local(Base::activation_bytes(this->cfg_),
+                                                                               "the nccl workspace's sum buffer")));
+                DeviceGuard guard(this->platform_.device());
+                done_ = make_event(this->platform_.device(), "nccl workspace");
+                if (adopt) {
+                  check_adopted(adopted, deadline);
+                  comm_ = NcclCommHandle(adopted, false, this->cfg_.timeout);
+                } else if (this->topo_.rank == 0) {
+                  ncclUniqueId id;
+                  nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId on rank 0",
+                             "this host has a usable network interface for NCCL's bootstrap "
+                             "(NCCL_SOCKET_IFNAME); NCCL_DEBUG=INFO shows NCCL's view");
+                  std::memcpy(unique_id.data(), &id, sizeof(id));
+                }
+              }),
+              unique_id, "setting up the nccl workspace");
     if (adopt) return;
     // Step 2: every rank initializes its communicator, non-blocking, bounded by the timeout.
     const StepOutcome init = attempt([&] {
@@ -476,8 +481,9 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
   // A collective that ncclAllReduce did not enqueue at once: wait (bounded) for a non-blocking communicator to finish
   // enqueueing, so that the epilogue kernel follows it on the stream; fail on an error.
   void enqueued(ncclResult_t r, const std::string& call) {
-    const char* hint = "every rank calls the same collectives with the same num_tokens, and in, out and the stream "
-                       "belong to this rank's device";
+    const char* hint =
+        "every rank calls the same collectives with the same num_tokens, and in, out and the stream "
+        "belong to this rank's device";
     if (r == ncclInProgress) {
       r = nccl_wait(comm_.get(), std::chrono::steady_clock::now() + this->cfg_.timeout);
       if (r == ncclInProgress) {
@@ -512,7 +518,7 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
 
   mutable NcclCommHandle comm_;  ///< declared after the platform (in the base): destroyed before its memory
   EventHandle done_;             ///< recorded after a timed call
-  Borrowed<T> sum_;              ///< [max_token_num, hidden_dim] device memory (the platform owns it); null once moved from
+  Borrowed<T> sum_;  ///< [max_token_num, hidden_dim] device memory (the platform owns it); null once moved from
   std::uint64_t calls_ = 0;
   bool capturing_ = false;  ///< the current call's stream is being captured
   mutable bool pending_ = false;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/pool.hpp — WorkspacePool: the workspaces of one group, shared between purposes where they can be.
 // Contract: acquire() is collective (every rank calls it with the same purpose, type and config, in the same order; a
 // mismatch, or a rank-local mistake such as a bad FIAR_ALLREDUCE_BACKEND, throws std::invalid_argument on every rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/registry.hpp — every backend's header and every operation fiar launches on CudaPlatform, listed once,
 // with their launch functions declared `extern template` for every pattern and element type.
 // Contract: no translation unit instantiates CudaPlatform::launch<Op> implicitly; <fiar/instantiate.cuh> defines them
@@ -20,8 +21,8 @@
 
 // `Prefix template void CudaPlatform::launch<Op<P, T>>(...);` for one operation, pattern and element type, and the
 // products over every pattern and over a list of element types (FIAR_FOR_EACH_DTYPE or a subset of it).
-#define FIAR_DETAIL_LAUNCH(Prefix, Op, T, P)                                                           \
-  Prefix template void ::fiar::CudaPlatform::launch<::fiar::Op<::fiar::Pattern::P, T>>(                  \
+#define FIAR_DETAIL_LAUNCH(Prefix, Op, T, P)                                            \
+  Prefix template void ::fiar::CudaPlatform::launch<::fiar::Op<::fiar::Pattern::P, T>>( \
       const ::fiar::Op<::fiar::Pattern::P, T>::Params&, cudaStream_t);
 #define FIAR_DETAIL_LAUNCHES_OF_DTYPE(Prefix, Op, T) FIAR_FOR_EACH_PATTERN(FIAR_DETAIL_LAUNCH, Prefix, Op, T)
 #define FIAR_DETAIL_EXTERN_LAUNCHES(Op) FIAR_FOR_EACH_DTYPE(FIAR_DETAIL_LAUNCHES_OF_DTYPE, extern, Op)

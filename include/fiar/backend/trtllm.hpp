@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/trtllm.hpp — the trtllm backend: the single-node, peer-mapped Lamport all-reduce.
 // Contract: every rank of one node maps every other rank's region and pushes with one unicast store per rank; the
 // workspace is Workspace<TrtllmPolicy, T, Platform> (backend/workspace.hpp) over detail::LamportWorkspace; world

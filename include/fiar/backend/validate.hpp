@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/validate.hpp — the checks every backend runs before creating a workspace or launching a call,
 // driven by the pattern table (core/pattern.hpp).
 // Contract: a configuration, topology or call that cannot work throws std::invalid_argument naming the value, the
@@ -66,7 +67,8 @@ std::string local_creation_error(const Topology& topo, B& boot, const std::strin
   if (topo.world_size != boot.size() || topo.rank != boot.rank()) {
     return "fiar: the topology says world_size " + std::to_string(topo.world_size) + ", rank " +
            std::to_string(topo.rank) + ", but the bootstrap says size " + std::to_string(boot.size()) + ", rank " +
-           std::to_string(boot.rank()) + ". Fix: discover the topology over the same bootstrap (discover_topology(boot)).";
+           std::to_string(boot.rank()) +
+           ". Fix: discover the topology over the same bootstrap (discover_topology(boot)).";
   }
   return config_error;
 }
@@ -193,8 +195,10 @@ void validate_fused(const FusedArgs<T>& a, int hidden_dim, int arch, int rank, c
     const std::size_t align = tensor_alignment(t.id);
     if (reinterpret_cast<std::uintptr_t>(t.ptr) % align != 0) {
       throw std::invalid_argument(where + label(t.id) + " = " + pointer_text(t.ptr) + " is not " +
-                                  std::to_string(align) + "-byte aligned. Fix: allocate with cudaMalloc or align the "
-                                  "tensor to " + std::to_string(align) + " bytes.");
+                                  std::to_string(align) +
+                                  "-byte aligned. Fix: allocate with cudaMalloc or align the "
+                                  "tensor to " +
+                                  std::to_string(align) + " bytes.");
     }
     platform.check_pointer(t.ptr, label(t.id));
   }

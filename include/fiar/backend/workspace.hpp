@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/backend/workspace.hpp — Workspace<P, T, Platform>: the all-reduce workspace of one backend and one element type,
 // its interface written once for every backend, and what a backend plugs into it.
 // Contract: Workspace exists only for an AllreducePolicy P, a ReduceType T and a Platform; naming it with anything
@@ -49,8 +50,12 @@ struct ConfigDigest {
   std::uint32_t oneshot_at_max_tokens = 0;
 
   static ConfigDigest of(const WorkspaceConfig& c) {
-    return ConfigDigest{c.oneshot_max_bytes.value_or(0), static_cast<std::int64_t>(c.timeout.count()),
-                        c.max_token_num, c.hidden_dim, c.oneshot_max_bytes ? 1u : 0u, c.oneshot_at_max_tokens ? 1u : 0u};
+    return ConfigDigest{c.oneshot_max_bytes.value_or(0),
+                        static_cast<std::int64_t>(c.timeout.count()),
+                        c.max_token_num,
+                        c.hidden_dim,
+                        c.oneshot_max_bytes ? 1u : 0u,
+                        c.oneshot_at_max_tokens ? 1u : 0u};
   }
   friend bool operator==(const ConfigDigest&, const ConfigDigest&) = default;
 
@@ -58,8 +63,8 @@ struct ConfigDigest {
   [[nodiscard]] std::string describe() const {
     return "max_token_num " + std::to_string(max_token_num) + ", hidden_dim " + std::to_string(hidden_dim) +
            ", timeout " + std::to_string(timeout_ms) + " ms, oneshot_max_bytes " +
-           (threshold_given ? std::to_string(oneshot_max_bytes) : std::string("default")) +
-           ", oneshot_at_max_tokens " + (oneshot_at_max_tokens ? "true" : "false");
+           (threshold_given ? std::to_string(oneshot_max_bytes) : std::string("default")) + ", oneshot_at_max_tokens " +
+           (oneshot_at_max_tokens ? "true" : "false");
   }
 };
 
@@ -217,7 +222,8 @@ class Workspace {
     requires kAdopts
   Workspace(B& boot, NcclComm comm, const Topology& topo, const WorkspaceConfig& cfg,
             const typename Pf::Options& options = {})
-      : impl_(detail::agree_on_creation<P, T>(boot, topo, cfg, Impl::config_error(topo, cfg), Impl::adopt_error(comm, topo),
+      : impl_(detail::agree_on_creation<P, T>(boot, topo, cfg, Impl::config_error(topo, cfg),
+                                              Impl::adopt_error(comm, topo),
                                               [&] { return Impl::creation_extras(topo, cfg); }),
               boot, comm, topo, cfg, options) {}
 
@@ -226,7 +232,8 @@ class Workspace {
 
   /// Sums `in` over all ranks into `out` ([num_tokens, hidden_dim] each; out may equal in), on `stream`
   /// (CudaPlatform). Collective: every rank calls it with the same num_tokens and strategy, in the same order.
-  void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
+  void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr,
+                 Strategy strategy = Strategy::Auto) {
     FusedArgs<T> a;
     a.in = in;
     a.out = out;
@@ -244,7 +251,8 @@ class Workspace {
     const Topology& topo = impl_.topology();
     const std::string where = detail::call_where(Q, topo.rank);
     detail::validate_call_basics(where, Q, strategy, a.in, a.out, a.num_tokens, impl_.config().max_token_num);
-    if (std::string e = impl_.strategy_error(a.num_tokens, strategy); !e.empty()) throw std::invalid_argument(where + e);
+    if (std::string e = impl_.strategy_error(a.num_tokens, strategy); !e.empty())
+      throw std::invalid_argument(where + e);
     detail::validate_fused<Q, T>(a, impl_.config().hidden_dim, impl_.arch(), topo.rank, impl_.platform());
     impl_.template launch<Q>(a, stream, strategy);
   }
@@ -301,20 +309,21 @@ class Workspace {
 
 /// What every workspace offers (Workspace<P, T, Platform> for each backend, and AnyWorkspace).
 template <class W>
-concept AllreduceWorkspace = requires(W& w, const W& cw, const FusedArgs<typename W::value_type>& a,
-                                      const typename W::value_type* in, typename W::value_type* out, cudaStream_t s,
-                                      int n, Strategy st) {
-  typename W::value_type;
-  typename W::platform_type;
-  w.allreduce(in, out, n, s, st);
-  w.template run<Pattern::ResidualRmsNorm>(a, s, st);
-  cw.check();
-  { cw.strategy_for(n) } -> std::same_as<Strategy>;
-  { cw.last_strategy() } -> std::same_as<Strategy>;
-  { cw.is_buffer_size_sufficient(n, st) } -> std::same_as<bool>;
-  { cw.arch() } -> std::same_as<int>;
-  { cw.topology() } -> std::same_as<const Topology&>;
-  { cw.config() } -> std::same_as<const WorkspaceConfig&>;
-} && std::move_constructible<W> && !std::copy_constructible<W>;
+concept AllreduceWorkspace =
+    requires(W& w, const W& cw, const FusedArgs<typename W::value_type>& a, const typename W::value_type* in,
+             typename W::value_type* out, cudaStream_t s, int n, Strategy st) {
+      typename W::value_type;
+      typename W::platform_type;
+      w.allreduce(in, out, n, s, st);
+      w.template run<Pattern::ResidualRmsNorm>(a, s, st);
+      cw.check();
+      { cw.strategy_for(n) } -> std::same_as<Strategy>;
+      { cw.last_strategy() } -> std::same_as<Strategy>;
+      { cw.is_buffer_size_sufficient(n, st) } -> std::same_as<bool>;
+      { cw.arch() } -> std::same_as<int>;
+      { cw.topology() } -> std::same_as<const Topology&>;
+      { cw.config() } -> std::same_as<const WorkspaceConfig&>;
+    } &&
+    std::move_constructible<W> && !std::copy_constructible<W>;
 
 FIAR_END_NAMESPACE

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/comm/agree.hpp — the one agreement primitive: every collective decision of fiar (creation digests, the
 // backend choice, pool requests, multicast and platform setup steps, discovery) goes through agree().
 // Contract: each rank runs its local part of a step under attempt(), then agree() exchanges every rank's outcome

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/comm/bootstrap.hpp — how the ranks of a group talk to each other on the host before any GPU collective.
 // Contract: a Bootstrap knows its rank and size, all-gathers equal-sized byte blocks in rank order and
 // barriers; every call is collective and bounded (a missing rank gives fiar::timeout_error, never a hang).
@@ -124,8 +125,8 @@ class InProcessGroup {
       if (!arrived_flag_[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     broken_ = "fiar: in-process bootstrap collective timed out after " + std::to_string(timeout_.count()) +
-              " ms on rank " + std::to_string(rank) + ": " + std::to_string(arrived_) + " of " +
-              std::to_string(size_) + " ranks arrived; missing rank(s): " + missing +
+              " ms on rank " + std::to_string(rank) + ": " + std::to_string(arrived_) + " of " + std::to_string(size_) +
+              " ranks arrived; missing rank(s): " + missing +
               ". A rank crashed, hung, or called a different collective; the group is unusable now.";
     cv_.notify_all();
   }
@@ -149,8 +150,8 @@ class InProcessBootstrap {
   InProcessBootstrap(InProcessGroup& group, int rank) : group_(&group), rank_(rank) {
     if (rank < 0 || rank >= group.size()) {
       throw std::invalid_argument("fiar: InProcessBootstrap rank = " + std::to_string(rank) + "; allowed: 0 to " +
-                                  std::to_string(group.size() - 1) + " for a group of " +
-                                  std::to_string(group.size()) + " ranks.");
+                                  std::to_string(group.size() - 1) + " for a group of " + std::to_string(group.size()) +
+                                  " ranks.");
     }
   }
   [[nodiscard]] int rank() const noexcept { return rank_; }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/comm/discover.hpp — collective topology discovery over a Bootstrap.
 // Contract: every rank of the group calls it; every rank returns the same Topology (bar rank) or throws the
 // same error; without a GPU it still returns a topology (no capabilities) and says why in the notes.
@@ -98,8 +99,8 @@ inline LocalDevice probe_local_device() {
   int major = 0;
   int minor = 0;
   std::array<char, 32> bus{};
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess ||
-      (e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess ||
+  if (cudaError_t e = cudaGetDevice(&dev);
+      e != cudaSuccess || (e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess ||
       (e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev)) != cudaSuccess ||
       (e = cudaDeviceGetPCIBusId(bus.data(), static_cast<int>(bus.size()), dev)) != cudaSuccess) {
     d.error = "no usable CUDA device (" + detail::describe_cuda(e) + ")";
@@ -114,8 +115,9 @@ inline LocalDevice probe_local_device() {
   int fabric = 0;
   if (!detail::driver_attribute(dev, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, multicast) ||
       !detail::driver_attribute(dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, fabric)) {
-    d.error = "the CUDA driver did not answer the multicast / fabric-handle attribute queries (driver older than "
-              "CUDA 12.0?): both count as unsupported";
+    d.error =
+        "the CUDA driver did not answer the multicast / fabric-handle attribute queries (driver older than "
+        "CUDA 12.0?): both count as unsupported";
   }
   d.multicast = multicast != 0;
   d.fabric_handles = fabric != 0;
@@ -200,7 +202,8 @@ DiscoveryReport discover_topology_report(B& boot, const LocalDevice& local, cons
   std::int32_t peers_ok = local.usable ? 1 : 0;
   for (int r = 0; r < world && peers_ok; ++r) {
     const auto& peer = all[static_cast<std::size_t>(r)];
-    if (r == me || report.node_of_rank[static_cast<std::size_t>(r)] != report.node_of_rank[static_cast<std::size_t>(me)]) {
+    if (r == me ||
+        report.node_of_rank[static_cast<std::size_t>(r)] != report.node_of_rank[static_cast<std::size_t>(me)]) {
       continue;
     }
     const std::string bus = peer.pci_bus_id.data();
@@ -208,8 +211,9 @@ DiscoveryReport discover_topology_report(B& boot, const LocalDevice& local, cons
       peers_ok = 0;
     } else if (bus != local.pci_bus_id && local.can_map_peer && !local.can_map_peer(bus)) {
       peers_ok = 0;
-      report.notes.push_back("rank " + std::to_string(me) + " (GPU " + local.pci_bus_id + ") cannot map the memory of rank " +
-                             std::to_string(r) + " (GPU " + bus + "): no CUDA peer access between them");
+      report.notes.push_back("rank " + std::to_string(me) + " (GPU " + local.pci_bus_id +
+                             ") cannot map the memory of rank " + std::to_string(r) + " (GPU " + bus +
+                             "): no CUDA peer access between them");
     }
   }
   const std::vector<std::int32_t> peer_votes = detail::agree(boot, {}, peers_ok, "topology discovery");

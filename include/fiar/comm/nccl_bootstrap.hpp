@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/comm/nccl_bootstrap.hpp — NcclBootstrap: the Bootstrap of an existing NCCL communicator, so that topology
 // discovery and workspace creation run over the caller's tensor-parallel group. Only with FIAR_HAS_NCCL.
 // Contract: rank/size are the communicator's; all_gather is an ncclAllGather through a small device staging
@@ -98,8 +99,8 @@ class NcclBootstrap {
     } else {
       std::memcpy(send_host, in.data(), in.size());
     }
-    const std::string what = "NcclBootstrap all_gather on rank " + std::to_string(rank_) + " (" +
-                             std::to_string(block) + " bytes per rank)";
+    const std::string what =
+        "NcclBootstrap all_gather on rank " + std::to_string(rank_) + " (" + std::to_string(block) + " bytes per rank)";
     detail::cuda_check(cudaMemcpyAsync(send_dev, send_host, block, cudaMemcpyHostToDevice, stream_.get()),
                        "cudaMemcpyAsync (" + what + ")", "the device is healthy");
     const ncclResult_t r = ncclAllGather(send_dev, recv_dev, block, ncclUint8, comm_, stream_.get());
@@ -112,9 +113,9 @@ class NcclBootstrap {
       detail::nccl_check(enqueued, "ncclAllGather (" + what + ", reported by ncclCommGetAsyncError)",
                          "the network and every peer rank are healthy", comm_);
     }
-    detail::cuda_check(
-        cudaMemcpyAsync(recv_host, recv_dev, block * static_cast<std::size_t>(size_), cudaMemcpyDeviceToHost, stream_.get()),
-        "cudaMemcpyAsync (" + what + ")", "the device is healthy");
+    detail::cuda_check(cudaMemcpyAsync(recv_host, recv_dev, block * static_cast<std::size_t>(size_),
+                                       cudaMemcpyDeviceToHost, stream_.get()),
+                       "cudaMemcpyAsync (" + what + ")", "the device is healthy");
     wait_for_stream(what, end);
     if (!in.empty()) std::memcpy(out.data(), recv_host, out.size());
   }
@@ -132,7 +133,8 @@ class NcclBootstrap {
       const cudaError_t e = cudaStreamQuery(stream_.get());
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) {
-        detail::cuda_check(e, "cudaStreamQuery (" + what + ")", "the device is healthy; an earlier kernel may have faulted");
+        detail::cuda_check(e, "cudaStreamQuery (" + what + ")",
+                           "the device is healthy; an earlier kernel may have faulted");
       }
       ncclResult_t state = ncclSuccess;
       if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress) {
@@ -167,7 +169,8 @@ class NcclBootstrap {
     const std::size_t rounded = (bytes + 255) / 256 * 256;
     device_buffer_ = detail::device_malloc(device_, rounded, "NcclBootstrap staging", "free GPU memory (nvidia-smi)");
     void* h = nullptr;
-    detail::cuda_check(cudaMallocHost(&h, rounded), "cudaMallocHost(" + std::to_string(rounded) + " bytes, NcclBootstrap staging)",
+    detail::cuda_check(cudaMallocHost(&h, rounded),
+                       "cudaMallocHost(" + std::to_string(rounded) + " bytes, NcclBootstrap staging)",
                        "pinned host memory is available (ulimit -l)");
     host_ = detail::PinnedHostMemory(h, {device_});
     capacity_ = rounded;
@@ -178,7 +181,7 @@ class NcclBootstrap {
   int rank_ = 0;
   int size_ = 0;
   int device_ = 0;
-  detail::StreamHandle stream_;          ///< the collectives' stream (null once moved from)
+  detail::StreamHandle stream_;         ///< the collectives' stream (null once moved from)
   detail::DeviceMemory device_buffer_;  ///< [send block][size x receive blocks]
   detail::PinnedHostMemory host_;       ///< pinned mirror of device_buffer_
   std::size_t capacity_ = 0;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/backend.hpp — the all-reduce backends, their names, and FIAR_ALLREDUCE_BACKEND.
 // Contract: to_string/parse_backend are constexpr inverses over the one name table ("auto", "trtllm", "mnnvl",
 // "nccl"); any other text, or a Backend value outside the enumeration, throws std::invalid_argument naming the
@@ -66,8 +67,8 @@ namespace detail {
 
 // Not constexpr on purpose: reaching it during constant evaluation is a compile error that names it.
 [[noreturn]] inline void unknown_backend_name(std::string_view value) {
-  throw std::invalid_argument("fiar: unknown all-reduce backend " + quoted(value) + "; accepted: " +
-                              std::string(accepted_backend_names) + " (ASCII case-insensitive)");
+  throw std::invalid_argument("fiar: unknown all-reduce backend " + quoted(value) +
+                              "; accepted: " + std::string(accepted_backend_names) + " (ASCII case-insensitive)");
 }
 
 [[noreturn]] inline void backend_value_out_of_range(Backend b) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/borrowed.hpp — a non-owning pointer that moves with its object: what lets workspaces and platforms keep
 // the rule of zero (defaulted moves) and still tell a moved-from object from a live one.
 // Contract: Borrowed<T> copies nothing: moving it leaves null behind; it never frees what it points to (the memory

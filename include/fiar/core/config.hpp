@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/config.hpp — what a workspace is created for (WorkspaceConfig) and the tensors of one fused call
 // (FusedArgs).
 // Contract: plain aggregates, every member with a default (designated initializers that name only some members
@@ -33,19 +34,19 @@ struct WorkspaceConfig {
 /// unless noted; device memory on CudaPlatform, host memory on HostPlatform.
 template <ReduceType T>
 struct FusedArgs {
-  const T* in = nullptr;             ///< this rank's contribution
+  const T* in = nullptr;  ///< this rank's contribution
   int num_tokens = 0;
-  T* out = nullptr;                  ///< Pattern::AllReduce: the sum (may equal in)
-  const T* residual_in = nullptr;    ///< norm patterns
-  T* residual_out = nullptr;         ///< norm patterns: sum + residual_in (may equal residual_in)
-  const T* gamma = nullptr;          ///< norm patterns: [hidden_dim]
-  float eps = 1e-6f;                 ///< RMSNorm epsilon
-  float weight_bias = 0.0f;          ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
-  T* norm_out = nullptr;             ///< ResidualRmsNorm: required; quant patterns: optional (may equal in)
-  void* quant_out = nullptr;         ///< fp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
-  const float* scale = nullptr;      ///< fp8 static: the per-tensor scale; nvfp4: the global scale (device scalar)
-  float* scale_out = nullptr;        ///< fp8 dynamic: [num_tokens] per-token scales
-  void* block_scale_out = nullptr;   ///< nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout)
+  T* out = nullptr;                 ///< Pattern::AllReduce: the sum (may equal in)
+  const T* residual_in = nullptr;   ///< norm patterns
+  T* residual_out = nullptr;        ///< norm patterns: sum + residual_in (may equal residual_in)
+  const T* gamma = nullptr;         ///< norm patterns: [hidden_dim]
+  float eps = 1e-6f;                ///< RMSNorm epsilon
+  float weight_bias = 0.0f;         ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
+  T* norm_out = nullptr;            ///< ResidualRmsNorm: required; quant patterns: optional (may equal in)
+  void* quant_out = nullptr;        ///< fp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
+  const float* scale = nullptr;     ///< fp8 static: the per-tensor scale; nvfp4: the global scale (device scalar)
+  float* scale_out = nullptr;       ///< fp8 dynamic: [num_tokens] per-token scales
+  void* block_scale_out = nullptr;  ///< nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout)
   ScaleLayout layout = ScaleLayout::Swizzled128x4;  ///< nvfp4 block-scale layout
 };
 

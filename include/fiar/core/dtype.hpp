@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/dtype.hpp — the element types an all-reduce workspace is instantiated for, and their one encoding.
 // Contract: ReduceType<T> holds for exactly float, __half and __nv_bfloat16 (cv-unqualified); every reduction
 // accumulates in fp32 whatever T is; dtype_code / dtype_name(code) are the one wire encoding of an element type.

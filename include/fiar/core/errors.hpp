@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/errors.hpp — the exception types fiar raises besides std::invalid_argument.
 // Contract: bad arguments, configurations and topologies raise std::invalid_argument; failed CUDA or NCCL calls
 // raise fiar::cuda_error (fiar::multicast_error when multicast setup failed); an expired bounded wait raises

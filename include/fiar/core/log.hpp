@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/log.hpp — where fiar's messages that are not errors go (one warning when make_workspace falls back from
 // an automatic mnnvl choice to trtllm).
 // Contract: the sink is process-wide and replaceable at any time; it is called under a lock, so it never

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/pattern.hpp — what a call computes after the all-reduce, as data: one row per pattern says which
 // tensors it reads and writes, its quantization, and what the machine and the input must offer.
 // Contract: pattern_traits(P) is the one description of a pattern; validation (every backend) and the epilogue
@@ -12,9 +13,10 @@
 #include "prelude.hpp"
 
 /// Calls X(args..., P) for every Pattern enumerator name (explicit instantiations are spelled with it).
-#define FIAR_FOR_EACH_PATTERN(X, ...)                                                                     \
-  X(__VA_ARGS__, AllReduce) X(__VA_ARGS__, ResidualRmsNorm) X(__VA_ARGS__, ResidualRmsNormFp8)             \
-      X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) X(__VA_ARGS__, ResidualRmsNormNvfp4)
+#define FIAR_FOR_EACH_PATTERN(X, ...)                                                                          \
+  X(__VA_ARGS__, AllReduce)                                                                                    \
+  X(__VA_ARGS__, ResidualRmsNorm) X(__VA_ARGS__, ResidualRmsNormFp8) X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) \
+      X(__VA_ARGS__, ResidualRmsNormNvfp4)
 
 FIAR_BEGIN_NAMESPACE
 
@@ -45,24 +47,26 @@ inline constexpr int kFusedTensorCount = 10;
 
 /// Each tensor's name, as FusedArgs spells its member (and messages name it).
 inline constexpr const char* kFusedTensorNames[kFusedTensorCount] = {
-    "in", "out", "residual_in", "residual_out", "gamma", "norm_out", "quant_out", "scale", "scale_out", "block_scale_out"};
+    "in",       "out",       "residual_in", "residual_out", "gamma",
+    "norm_out", "quant_out", "scale",       "scale_out",    "block_scale_out"};
 
 /// One pattern, described.
 struct PatternTraits {
   Pattern pattern;
-  const char* name;      ///< to_string(pattern)
-  bool norm;             ///< residual add + RMSNorm after the sum
-  Quant quant;           ///< what is quantized after the norm
-  int min_arch;          ///< lowest compute capability x10 (0: any)
-  bool needs_16bit;      ///< half or bf16 input only
-  int hidden_multiple;   ///< hidden_dim must be a multiple of it (beyond the 16-byte vectors every pattern needs)
+  const char* name;     ///< to_string(pattern)
+  bool norm;            ///< residual add + RMSNorm after the sum
+  Quant quant;          ///< what is quantized after the norm
+  int min_arch;         ///< lowest compute capability x10 (0: any)
+  bool needs_16bit;     ///< half or bf16 input only
+  int hidden_multiple;  ///< hidden_dim must be a multiple of it (beyond the 16-byte vectors every pattern needs)
   TensorUse use[kFusedTensorCount];  ///< per FusedTensor
-  const char* feature;      ///< what min_arch / needs_16bit / hidden_multiple are for, in messages ("NVFP4")
-  const char* alternative;  ///< the pattern to suggest where this one cannot run
+  const char* feature;               ///< what min_arch / needs_16bit / hidden_multiple are for, in messages ("NVFP4")
+  const char* alternative;           ///< the pattern to suggest where this one cannot run
 };
 
 namespace detail {
 using U = TensorUse;
+// clang-format off
 // One row per pattern, in enumeration order.   in  out residual_in/out gamma norm_out quant_out scale scale_out bso
 inline constexpr PatternTraits kPatternTable[] = {
     {Pattern::AllReduce, "allreduce", false, Quant::None, 0, false, 1,
@@ -85,6 +89,7 @@ inline constexpr PatternTraits kPatternTable[] = {
       U::Required},
      "NVFP4", "residual_rmsnorm_fp8 or _fp8_dynamic"},
 };
+// clang-format on
 inline constexpr int kPatternCount = static_cast<int>(std::size(kPatternTable));
 
 constexpr bool table_in_enum_order() {
@@ -105,12 +110,12 @@ constexpr bool is_valid(Pattern p) noexcept {
 FIAR_HD constexpr const PatternTraits& pattern_traits(Pattern p) { return detail::kPatternTable[static_cast<int>(p)]; }
 
 /// The pattern's name as messages and tools write it ("invalid" outside the enumeration).
-constexpr const char* to_string(Pattern p) { return is_valid(p) ? detail::kPatternTable[static_cast<int>(p)].name : "invalid"; }
+constexpr const char* to_string(Pattern p) {
+  return is_valid(p) ? detail::kPatternTable[static_cast<int>(p)].name : "invalid";
+}
 
 /// Whether l is one of the enumerators.
-constexpr bool is_valid(ScaleLayout l) noexcept {
-  return l == ScaleLayout::Swizzled128x4 || l == ScaleLayout::Linear;
-}
+constexpr bool is_valid(ScaleLayout l) noexcept { return l == ScaleLayout::Swizzled128x4 || l == ScaleLayout::Linear; }
 
 /// "swizzled128x4" or "linear" ("invalid" outside the enumeration).
 constexpr const char* to_string(ScaleLayout l) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/policy.hpp — the backend policy types, the list of backends, and the concept that constrains Workspace.
 // Contract: a policy is a small struct of static facts about one backend; BackendPolicies lists every backend once,
 // in the order Backend::Auto tries them; AllreducePolicy holds for exactly those policies, and the topology rules
@@ -71,7 +72,7 @@ concept AllreducePolicy = contains_v<BackendPolicies, P> && requires {
   requires std::same_as<decltype(P::needs_multicast), const bool>;
   requires std::same_as<decltype(P::needs_peer_access), const bool>;
   requires std::same_as<decltype(P::custom_kernels), const bool>;
-  requires 1 <= P::min_world_size && P::min_world_size <= P::max_world_size;
+  requires(1 <= P::min_world_size) && (P::min_world_size <= P::max_world_size);
   requires P::min_arch >= 0;
   requires std::same_as<decltype(P::setup_fallback), const Backend>;
 };

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/prelude.hpp — what every fiar header starts from: the namespace macros, the ABI namespace and the
 // host/device markers.
 // Contract: every fiar symbol is declared between FIAR_BEGIN_NAMESPACE and FIAR_END_NAMESPACE, that is in the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/resolve.hpp — the backend choice: which backend runs on a topology, and why the others cannot.
 // Contract: resolve_backend is constexpr; it validates an explicit choice (never replaces it) and throws
 // std::invalid_argument naming the problem and the fix; in a constant expression a rejection is a compile error.
@@ -80,8 +81,8 @@ inline std::string fix_for(Backend rejected, const Topology& t) {
   std::string enumerator = name;
   enumerator[0] = static_cast<char>(enumerator[0] - 'a' + 'A');
   const std::string last_resort = alt == Backend::Nccl ? "" : " ('nccl' also works, on any topology)";
-  return " Fix: use '" + name + "'" + why + ": set " + backend_env_var + "=" + name + " or request fiar::Backend::" +
-         enumerator + last_resort + ", or use 'auto' to let fiar choose.";
+  return " Fix: use '" + name + "'" + why + ": set " + backend_env_var + "=" + name +
+         " or request fiar::Backend::" + enumerator + last_resort + ", or use 'auto' to let fiar choose.";
 }
 
 inline std::string topology_suffix(const Topology& t) { return " [topology: " + to_string(t) + "]"; }
@@ -97,9 +98,9 @@ inline std::string topology_suffix(const Topology& t) { return " [topology: " + 
 }
 
 [[noreturn]] inline void backend_cannot_span_nodes(Backend b, const Topology& t) {
-  throw std::invalid_argument("fiar: backend '" + str(to_string(b)) + "' cannot run on a group that spans " +
-                              std::to_string(t.node_count) + " nodes: it maps GPU memory between ranks of one node only." +
-                              fix_for(b, t) + topology_suffix(t));
+  throw std::invalid_argument(
+      "fiar: backend '" + str(to_string(b)) + "' cannot run on a group that spans " + std::to_string(t.node_count) +
+      " nodes: it maps GPU memory between ranks of one node only." + fix_for(b, t) + topology_suffix(t));
 }
 
 [[noreturn]] inline void backend_world_size_unsupported(Backend b, const Topology& t, int min_size, int max_size) {

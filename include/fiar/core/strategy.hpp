@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/strategy.hpp — how a Lamport call reduces (one-shot or two-shot) and the built-in table that picks one.
 // Contract: constexpr and identical on every rank (only values every rank shares go in); a Strategy value outside
 // the enumeration is rejected with std::invalid_argument naming it, never run as some default.
@@ -54,7 +55,8 @@ constexpr std::size_t default_oneshot_max_bytes(int arch, int world_size) {
 /// The built-in table of a backend. mnnvl: one-shot while the bytes every rank receives (W x the message) stay
 /// within 1 MiB, the threshold FlashInfer measured for multicast one-shot; trtllm: the table above.
 constexpr std::size_t default_oneshot_max_bytes(Backend backend, int arch, int world_size) {
-  if (backend == Backend::Mnnvl) return (std::size_t{1} << 20) / static_cast<std::size_t>(world_size < 1 ? 1 : world_size);
+  if (backend == Backend::Mnnvl)
+    return (std::size_t{1} << 20) / static_cast<std::size_t>(world_size < 1 ? 1 : world_size);
   return default_oneshot_max_bytes(arch, world_size);
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/text.hpp — how fiar writes values into its messages, once for every layer.
 // Contract: pure functions; a float is written so that a bad value stays visible (shortest round-trip text),
 // user text is quoted with control characters escaped, addresses as %p; the hash is FNV-1a (64 bits).

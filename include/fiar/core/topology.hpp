@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/topology.hpp — what fiar needs to know about a communicator group to pick a backend.
 // Contract: Topology is a structural aggregate (usable as a template argument); count_nodes() is a pure
 // function from per-rank node identities to the number of distinct nodes of the group.
@@ -58,9 +59,7 @@ inline std::vector<int> node_index_of_ranks(std::span<const std::string_view> id
 }
 
 /// "sm_90" for arch 90, "unknown" for 0.
-inline std::string arch_name(int arch) {
-  return arch == 0 ? std::string("unknown") : "sm_" + std::to_string(arch);
-}
+inline std::string arch_name(int arch) { return arch == 0 ? std::string("unknown") : "sm_" + std::to_string(arch); }
 
 /// One-line human description, e.g. "world_size 16, rank 3, 2 nodes, multicast yes, fabric handles yes,
 /// node peer access yes, arch sm_100".

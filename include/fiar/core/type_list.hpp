@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/type_list.hpp — a list of types, for the sets fiar writes once and derives the rest from (the
 // backends' policies in their automatic order, the workspaces of AnyWorkspace, the tests' {policy x dtype} cases).
 // Contract: compile-time only; apply<List, F> instantiates F with the list's types, contains<List, X> tests

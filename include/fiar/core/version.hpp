@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/core/version.hpp — the library version.
 // Contract: the constants equal the Meson project version (a unit test checks it); every fiar symbol lives in the
 // inline namespace fiar::v0_1, so two shared objects built against different fiar versions never exchange kernels

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/exec/atomics.hpp — the cross-rank memory operations both execution contexts share.
 // Contract: flag words use cuda::atomic_ref at system scope (the same atomics on host and device);
 // every access to memory another rank writes or reads concurrently goes through these functions.

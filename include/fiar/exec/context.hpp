@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/exec/context.hpp — what a kernel's logic may use of the machine it runs on (the ExecutionContext concept),
 // the shape of a launch, and the multicast mapping as a kernel sees it.
 // Contract: algo/ code touches memory other ranks use only through a context's 16-byte accesses and system-scope
@@ -22,7 +23,7 @@ struct MulticastView {
   std::uint32_t* address = nullptr;         ///< GPU: the multicast mapping (null on the host emulator)
   std::uint32_t* const* members = nullptr;  ///< host emulator: where a multicast store lands
   int member_count = 0;
-  std::uint32_t* stores = nullptr;          ///< host emulator: counts this rank's multicast stores (tests)
+  std::uint32_t* stores = nullptr;  ///< host emulator: counts this rank's multicast stores (tests)
 };
 
 /// What a kernel's logic needs of the machine: its position (lane in the block, block in the grid), block-wide

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/exec/device_ctx.cuh — DeviceCtx: the execution context the algo/ kernels get on the GPU.
 // Contract: an empty struct of inline accessors over threadIdx/blockIdx, %globaltimer and 16-byte volatile
 // accesses; it holds no state, so it costs no register and no local memory (scripts/ctx-cost checks it).
@@ -10,7 +11,8 @@
 // fiar's device code uses Hopper features (griddepcontrol, multimem, %globaltimer at system scope): refuse an older
 // target instead of building kernels that trap or that cannot wait for the work before them.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "fiar: this translation unit compiles device code for an architecture older than sm_90 (nvcc's default is sm_75), and fiar's kernels need sm_90 or newer. Fix: compile it with -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_100a,code=sm_100a (Meson: add fiar_dep.get_variable('cuda_gencode').split() to the project's cuda arguments; CMake: CUDA_ARCHITECTURES \"90a;100a\")."
+#error \
+    "fiar: this translation unit compiles device code for an architecture older than sm_90 (nvcc's default is sm_75), and fiar's kernels need sm_90 or newer. Fix: compile it with -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_100a,code=sm_100a (Meson: add fiar_dep.get_variable('cuda_gencode').split() to the project's cuda arguments; CMake: CUDA_ARCHITECTURES \"90a;100a\")."
 #endif
 
 #include <cub/warp/warp_reduce.cuh>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/exec/host.hpp — the host emulator: runs any operation's logic on the CPU, one thread per lane, a barrier per
 // block.
 // Contract: HostGrid keeps its lane threads alive across launches; run() returns when every lane has finished;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/exec/kernel.cuh — the one __global__ template: kernel<Op> runs any Operation on the GPU, and
 // launch_on_stream<Op> launches it with programmatic dependent launch where the loaded image supports it.
 // Contract: hidden visibility (shared objects never swap kernels); the kernel waits for the stream's previous work
@@ -91,12 +92,11 @@ void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cu
   }
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel<Op>, p);
   detail::cuda_check(e,
-                             "cudaLaunchKernelEx (" + std::string(Op::name) + ", " + std::to_string(shape.blocks) +
-                                 " x " + std::to_string(shape.threads) + " threads) on device " +
-                                 std::to_string(device),
-                             "the stream belongs to device " + std::to_string(device) +
-                                 ", the binary was built for this GPU's architecture (gpu_archs), and no earlier "
-                                 "kernel faulted");
+                     "cudaLaunchKernelEx (" + std::string(Op::name) + ", " + std::to_string(shape.blocks) + " x " +
+                         std::to_string(shape.threads) + " threads) on device " + std::to_string(device),
+                     "the stream belongs to device " + std::to_string(device) +
+                         ", the binary was built for this GPU's architecture (gpu_archs), and no earlier "
+                         "kernel faulted");
 }
 
 }  // namespace exec

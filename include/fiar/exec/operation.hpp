@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/exec/operation.hpp — the one shape every kernel has: an operation type with its parameters, its launch
 // shape and run(ctx, params) over any execution context.
 // Contract: a platform launches an Operation without knowing what it computes (HostPlatform on the emulated grid,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/exec/vec.hpp — the 16-byte unit every protocol moves, and the Lamport sentinel.
 // Contract: Vec16 is four 32-bit words, 16-byte aligned; the helpers are pure functions of their arguments,
 // identical on the host and the device.

@@ -1,9 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/platform/cuda.hpp — CudaPlatform: each rank's buffers live on its GPU and every rank maps its peers' (same
 // process: the raw pointer, with peer access; other process: CUDA IPC; multicast regions: platform/cuda_multicast.hpp).
 // Host-safe header.
-// Contract: launch<Op> is declared here and defined in platform/cuda_launch.cuh (nvcc; emitted by <fiar/instantiate.cuh>);
-// a failed CUDA call throws fiar::cuda_error after clearing the sticky error; collective steps fail on every rank
-// alike (comm/agree.hpp); what it allocates is freed by RAII handles; the destructor never throws.
+// Contract: launch<Op> is declared here and defined in platform/cuda_launch.cuh (nvcc; emitted by
+// <fiar/instantiate.cuh>); a failed CUDA call throws fiar::cuda_error after clearing the sticky error; collective steps
+// fail on every rank alike (comm/agree.hpp); what it allocates is freed by RAII handles; the destructor never throws.
 #pragma once
 
 #include <cuda.h>
@@ -55,10 +56,10 @@ namespace detail {
 /// What each rank publishes about its block of shared memory.
 struct SharedRecord {
   ProcessIdentity process;
-  std::int32_t device;  ///< CUDA ordinal in the owner's process
-  std::uint32_t handle_valid;  ///< 1 when `handle` could be exported
-  std::uint64_t pointer;       ///< the block, as the owner's process sees it
-  cudaIpcMemHandle_t handle;   ///< CUDA IPC handle of the block (plain bytes)
+  std::int32_t device;                 ///< CUDA ordinal in the owner's process
+  std::uint32_t handle_valid;          ///< 1 when `handle` could be exported
+  std::uint64_t pointer;               ///< the block, as the owner's process sees it
+  cudaIpcMemHandle_t handle;           ///< CUDA IPC handle of the block (plain bytes)
   std::array<char, 32> pci_bus_id;     ///< physical identity of the GPU, equal across processes
   std::array<char, 512> export_error;  ///< why the handle could not be exported ("" when it could)
 };
@@ -178,8 +179,8 @@ class CudaPlatform {
     };
     // 1. Capabilities, granularities and where each rank runs; then the plan, which every rank derives alike.
     detail::MulticastProbe probe{};
-    const auto probes = detail::agree(boot, init_.failed() ? init_ : step([&] { setup.probe(device_, pci_bus_id_, bytes, probe); }),
-                                      probe, what);
+    const auto probes = detail::agree(
+        boot, init_.failed() ? init_ : step([&] { setup.probe(device_, pci_bus_id_, bytes, probe); }), probe, what);
     setup.plan(probes);
     // 2. Memory on every rank, the multicast object on rank 0, exported for other processes.
     detail::MulticastExport exported{};

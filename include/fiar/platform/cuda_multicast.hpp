@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/platform/cuda_multicast.hpp — CudaPlatform::allocate_multicast's setup, phase by phase (what a rank owns of the
 // result is platform/cuda_vmm.hpp's).
 // Contract: every failure is a fiar::multicast_error naming the call, the CUresult or errno, the device and what to
@@ -84,7 +85,8 @@ inline std::string handle_socket_name(std::uint64_t group, int rank) {
                                 ? "no other process on this machine holds this socket name (group ids are random: "
                                   "create the workspace again)"
                                 : std::string(kSocketCheck);
-  throw multicast_error(std::string(e.what()) + (e.timed_out() ? " (waited " + std::to_string(timeout.count()) + " ms)" : "") +
+  throw multicast_error(std::string(e.what()) +
+                            (e.timed_out() ? " (waited " + std::to_string(timeout.count()) + " ms)" : "") +
                             ". Check: " + check + ". " + kMulticastFallback,
                         static_cast<int>(e.timed_out() ? CUDA_ERROR_TIMEOUT : CUDA_ERROR_OPERATING_SYSTEM));
 }
@@ -98,8 +100,8 @@ struct MulticastProbe {
   std::int64_t pid;
   std::uint64_t pid_namespace;
   std::uint64_t boot;
-  std::uint64_t group_id;     ///< rank 0's names the group
-  std::uint64_t bytes;        ///< requested
+  std::uint64_t group_id;        ///< rank 0's names the group
+  std::uint64_t bytes;           ///< requested
   std::uint64_t granularity[2];  ///< [0] POSIX fd handles, [1] fabric handles (0: unusable)
   std::array<char, 32> pci_bus_id;
   std::array<char, 256> fabric_note;  ///< why fabric handles cannot be used ("" when they can)
@@ -134,9 +136,9 @@ class MulticastSetup {
     out.group_id = random_id();
     copy_text(out.pci_bus_id, pci_bus_id);
     if (timeout_.count() <= 0) {
-      throw std::invalid_argument("fiar: CudaPlatformOptions::handle_exchange_timeout = " +
-                                  std::to_string(timeout_.count()) +
-                                  " ms; allowed: more than 0 ms. Fix: pass a positive timeout (default 30 s).");
+      throw std::invalid_argument(
+          "fiar: CudaPlatformOptions::handle_exchange_timeout = " + std::to_string(timeout_.count()) +
+          " ms; allowed: more than 0 ms. Fix: pass a positive timeout (default 30 s).");
     }
     const VmmDriver& cu = vmm_driver();
     if (cu.missing != nullptr) {
@@ -149,7 +151,8 @@ class MulticastSetup {
                             static_cast<int>(CUDA_ERROR_NOT_FOUND));
     }
     const std::string on = "device " + std::to_string(device);
-    multicast_check(cu.device_get(&dev_, device), "cuDeviceGet", device, "the device is visible and healthy (nvidia-smi)");
+    multicast_check(cu.device_get(&dev_, device), "cuDeviceGet", device,
+                    "the device is visible and healthy (nvidia-smi)");
     int multicast = 0;
     multicast_check(cu.device_get_attribute(&multicast, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev_),
                     "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)", device,
@@ -445,10 +448,11 @@ class MulticastSetup {
   AllocationRef find_published(int slot, const std::string& what) const {
     AllocationRef ref = AllocationRegistry::find(group_, slot);
     if (!ref) {
-      throw multicast_error("fiar: rank " + std::to_string(rank_) + " found no handle of " + what +
-                                " in this process. Check: every rank of the group calls the workspace constructor once, in the "
-                                "same order as its peers; a rank of this process may have failed earlier.",
-                            static_cast<int>(CUDA_ERROR_NOT_FOUND));
+      throw multicast_error(
+          "fiar: rank " + std::to_string(rank_) + " found no handle of " + what +
+              " in this process. Check: every rank of the group calls the workspace constructor once, in the "
+              "same order as its peers; a rank of this process may have failed earlier.",
+          static_cast<int>(CUDA_ERROR_NOT_FOUND));
     }
     return ref;
   }
@@ -470,8 +474,7 @@ class MulticastSetup {
     std::vector<std::vector<UniqueFd>> received(static_cast<std::size_t>(world_));
     if (!use_fabric_) {
       for (int r = 0; r < world_; ++r) {
-        if (process_of_[r] != process_of_[rank_])
-          try {
+        if (process_of_[r] != process_of_[rank_]) try {
             received[r] = receive_fds(handle_socket_name(group_, r), group_, r, r == 0 ? 2 : 1, deadline);
           } catch (const PosixError& e) {
             throw_handle_exchange_failure(e, timeout_);
@@ -515,9 +518,9 @@ class MulticastSetup {
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = dev_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    multicast_check(cu.mem_set_access(va, size_, &access, 1), "cuMemSetAccess(" + what + ", read-write)", device_,
-                    "this GPU reaches the owner's GPU over NVLink (nvidia-smi topo -m); " +
-                        std::string(kMulticastSwitchCheck));
+    multicast_check(
+        cu.mem_set_access(va, size_, &access, 1), "cuMemSetAccess(" + what + ", read-write)", device_,
+        "this GPU reaches the owner's GPU over NVLink (nvidia-smi topo -m); " + std::string(kMulticastSwitchCheck));
     return reinterpret_cast<std::uint32_t*>(static_cast<std::uintptr_t>(va));
   }
 

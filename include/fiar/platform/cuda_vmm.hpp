@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/platform/cuda_vmm.hpp — what a CudaPlatform owns of its multicast regions: references to cuMem allocations and
 // multicast objects (shared by the ranks of one process), the registry where those ranks find each other's handles,
 // and the mappings and bindings to undo.

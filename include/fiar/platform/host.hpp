@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/platform/host.hpp — HostPlatform: the ranks of a group are threads of one process and their "GPU memory" is
 // host memory; operations run on the host emulator (exec/host.hpp).
 // Contract: every operation runs unchanged on it (launch<Op>); calls are synchronous; it needs no GPU and no driver;
@@ -13,9 +14,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -61,12 +62,13 @@ class HostPlatform {
   /// still write into.
   template <Bootstrap B>
   std::vector<std::uint32_t*> allocate_shared(B& boot, std::size_t bytes) {
-    const auto pids = detail::agree(boot, init_, static_cast<std::int64_t>(::getpid()), "HostPlatform setup failed on rank {rank}");
+    const auto pids =
+        detail::agree(boot, init_, static_cast<std::int64_t>(::getpid()), "HostPlatform setup failed on rank {rank}");
     for (std::size_t r = 0; r < pids.size(); ++r) {
       if (pids[r] != pids[0]) {
-        throw std::invalid_argument("fiar: HostPlatform needs every rank in one process, but rank " + std::to_string(r) +
-                                    " runs in process " + std::to_string(pids[r]) + " and rank 0 in " +
-                                    std::to_string(pids[0]) +
+        throw std::invalid_argument("fiar: HostPlatform needs every rank in one process, but rank " +
+                                    std::to_string(r) + " runs in process " + std::to_string(pids[r]) +
+                                    " and rank 0 in " + std::to_string(pids[0]) +
                                     ". Fix: use CudaPlatform across processes, or run the ranks as threads "
                                     "(InProcessGroup).");
       }
@@ -100,8 +102,8 @@ class HostPlatform {
   /// multicast.
   template <Bootstrap B>
   MulticastRegion allocate_multicast(B& boot, std::size_t bytes) {
-    const auto support =
-        detail::agree(boot, init_, static_cast<std::uint8_t>(options_.multicast ? 1 : 0), "HostPlatform setup failed on rank {rank}");
+    const auto support = detail::agree(boot, init_, static_cast<std::uint8_t>(options_.multicast ? 1 : 0),
+                                       "HostPlatform setup failed on rank {rank}");
     for (std::size_t r = 0; r < support.size(); ++r) {
       if (support[r] == 0) {
         throw multicast_error("fiar: NVLink multicast setup failed: rank " + std::to_string(r) +
@@ -123,7 +125,9 @@ class HostPlatform {
 
   /// Multicast stores this rank's kernels made so far (the emulator counts them, so tests can check that a
   /// protocol delivers through multicast what it should).
-  [[nodiscard]] std::uint32_t multicast_stores() const { return exec::SystemAtomics::load_acquire(multicast_stores_.get()); }
+  [[nodiscard]] std::uint32_t multicast_stores() const {
+    return exec::SystemAtomics::load_acquire(multicast_stores_.get());
+  }
 
   /// Memory only this rank's kernels use (protocol state, sum buffers), zero-filled.
   void* allocate_local(std::size_t bytes, const char* /*what*/ = "protocol state") {
@@ -187,7 +191,7 @@ class HostPlatform {
 
   Options options_;
   std::unique_ptr<exec::HostGrid> grid_;
-  std::vector<std::unique_ptr<std::vector<std::uint32_t*>>> members_;  // emulated multicast groups
+  std::vector<std::unique_ptr<std::vector<std::uint32_t*>>> members_;                      // emulated multicast groups
   std::unique_ptr<std::uint32_t> multicast_stores_ = std::make_unique<std::uint32_t>(0u);  // stable across moves
   detail::StepOutcome init_;  ///< the constructor's failure (a bad grid), raised by the first collective
   std::vector<std::shared_ptr<std::uint32_t>> shared_;  // every rank's block, co-owned

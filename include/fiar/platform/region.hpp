@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/platform/region.hpp — what a platform's allocate_multicast returns, for either platform.
 // Contract: `peers` holds every rank's region as mapped by this rank (rank order, unicast); `view` is the group's
 // multicast mapping of the same memory (a store through it lands in every rank's region).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/runtime/cuda.hpp — thin wrappers over the CUDA runtime: error translation, driver entry points fetched
 // through cudart (never -lcuda), the current-device guard, and RAII handles for what fiar allocates.
 // Contract: a failed call becomes fiar::cuda_error naming the call, the CUDA error and what to check, after the
@@ -20,7 +21,9 @@ FIAR_BEGIN_NAMESPACE
 namespace detail {
 
 /// "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version".
-inline std::string describe_cuda(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+inline std::string describe_cuda(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
 
 /// A driver API function fetched through cudart (nullptr when the driver lacks it or is absent).
 template <class Fn>
@@ -127,7 +130,8 @@ using EventHandle = std::unique_ptr<CUevent_st, OnDevice<destroy_event>>;
 inline DeviceMemory device_malloc(int device, std::size_t bytes, const std::string& what, const std::string& check) {
   void* p = nullptr;
   cuda_check(cudaMalloc(&p, bytes),
-             "cudaMalloc(" + std::to_string(bytes) + " bytes, " + what + ") on device " + std::to_string(device), check);
+             "cudaMalloc(" + std::to_string(bytes) + " bytes, " + what + ") on device " + std::to_string(device),
+             check);
   return DeviceMemory(p, {device});
 }
 

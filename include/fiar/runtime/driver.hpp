@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/runtime/driver.hpp — the CUDA driver's virtual-memory and multicast entry points, fetched once per process
 // through cudart (cudaGetDriverEntryPointByVersion), so nothing links -lcuda.
 // Contract: vmm_driver() never throws; a missing entry point is a null pointer and is named in `missing`;
@@ -30,7 +31,8 @@ struct VmmDriver {
   CUresult (*mem_import)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
   CUresult (*mem_address_reserve)(CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr, unsigned long long) = nullptr;
   CUresult (*mem_address_free)(CUdeviceptr, std::size_t) = nullptr;
-  CUresult (*mem_map)(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*mem_map)(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle,
+                      unsigned long long) = nullptr;
   CUresult (*mem_unmap)(CUdeviceptr, std::size_t) = nullptr;
   CUresult (*mem_set_access)(CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t) = nullptr;
   CUresult (*multicast_create)(CUmemGenericAllocationHandle*, const CUmulticastObjectProp*) = nullptr;
@@ -42,7 +44,7 @@ struct VmmDriver {
                                         CUmulticastGranularity_flags) = nullptr;
   CUresult (*get_error_name)(CUresult, const char**) = nullptr;    // optional
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;  // optional
-  const char* missing = nullptr;  ///< the first required entry point the driver lacks
+  const char* missing = nullptr;                                   ///< the first required entry point the driver lacks
   unsigned int missing_version = 0;
 };
 
@@ -88,7 +90,8 @@ inline std::string cu_result_text(CUresult r) {
   const char* text = nullptr;
   if (cu.get_error_name == nullptr || cu.get_error_name(r, &name) != CUDA_SUCCESS || name == nullptr) name = "CUresult";
   if (cu.get_error_string == nullptr || cu.get_error_string(r, &text) != CUDA_SUCCESS) text = nullptr;
-  return std::string(name) + " (" + std::to_string(static_cast<int>(r)) + ")" + (text != nullptr ? ": " + std::string(text) : "");
+  return std::string(name) + " (" + std::to_string(static_cast<int>(r)) + ")" +
+         (text != nullptr ? ": " + std::string(text) : "");
 }
 
 }  // namespace detail

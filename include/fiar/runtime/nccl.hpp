@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/runtime/nccl.hpp — thin wrappers over NCCL: whether fiar was built with it, failed calls as fiar::cuda_error,
 // bounded waits on a communicator, and the owning communicator handle. Without FIAR_HAS_NCCL nothing here needs
 // <nccl.h> or libnccl.
@@ -9,7 +10,8 @@
 
 #if FIAR_HAS_NCCL
 #if !__has_include(<nccl.h>)
-#error "fiar: FIAR_HAS_NCCL=1 but <nccl.h> is not on the include path. Fix: add <nccl>/include (or <cuda>/include when NCCL sits there), or build without -DFIAR_HAS_NCCL."
+#error \
+    "fiar: FIAR_HAS_NCCL=1 but <nccl.h> is not on the include path. Fix: add <nccl>/include (or <cuda>/include when NCCL sits there), or build without -DFIAR_HAS_NCCL."
 #endif
 #include <nccl.h>
 #endif

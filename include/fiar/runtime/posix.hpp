@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fiar/runtime/posix.hpp — thin wrappers over POSIX: file descriptors, which process and kernel a rank runs in,
 // and handing file descriptors to another process over an abstract Unix socket (SCM_RIGHTS).
 // Contract: every wait ends at its deadline; a failure throws detail::PosixError (errno, and whether a deadline
@@ -231,7 +232,8 @@ inline std::vector<UniqueFd> receive_fds(const std::string& name, std::uint64_t 
     if (!s.valid()) throw_errno("socket(AF_UNIX, SOCK_SEQPACKET)", name, errno);
     if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&address), length) == 0) break;
     const int error = errno;
-    if (error != ECONNREFUSED && error != ENOENT && error != EAGAIN && error != EINTR) throw_errno("connect", name, error);
+    if (error != ECONNREFUSED && error != ENOENT && error != EAGAIN && error != EINTR)
+      throw_errno("connect", name, error);
     if (remaining_ms(deadline) == 0) throw timed_out("connecting");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -262,7 +264,8 @@ inline std::vector<UniqueFd> receive_fds(const std::string& name, std::uint64_t 
     throw PosixError("fiar: an unexpected message arrived on the Unix socket @" + name + ": " + std::to_string(got) +
                          " bytes and " + std::to_string(fds.size()) + " descriptors, where rank " +
                          std::to_string(sender) + " sends " + std::to_string(sizeof(FdHeader)) + " bytes and " +
-                         std::to_string(expected) + " descriptors (the peer closed early, or another program uses "
+                         std::to_string(expected) +
+                         " descriptors (the peer closed early, or another program uses "
                          "this socket name)",
                      EPROTO, false);
   }
