@@ -45,6 +45,8 @@ FIAR_HD void epilogue_pass(Ctx& ctx, const EpiloguePassParams<T>& p) {
 template <Pattern P, ReduceType T>
 struct EpiloguePass {
   using Params = EpiloguePassParams<T>;
+  using value_type = T;
+  static constexpr Pattern pattern = P;
   static constexpr const char* name = "epilogue pass";
   static constexpr int max_threads = 1024;
   static constexpr int min_blocks_per_sm = 0;

@@ -296,6 +296,8 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
 template <Transport X, Pattern P, ReduceType T>
 struct LamportOneShot {
   using Params = LamportParams<T>;
+  using value_type = T;
+  static constexpr Pattern pattern = P;
   static constexpr const char* name = "lamport one-shot";
   static constexpr int max_threads = 1024;
   // The multicast kernels promise one resident block per SM: with ptxas's default heuristics the two-shot

@@ -82,11 +82,7 @@ inline std::string call_where(Pattern pattern, int rank) {
 // enumerator, `in` is set, `out` too for a plain all-reduce, and 1 <= num_tokens <= max_token_num.
 inline void validate_call_basics(const std::string& where, Pattern pattern, Strategy strategy, const void* in,
                                  const void* out, int num_tokens, int max_token_num) {
-  if (!is_valid(strategy)) {
-    throw std::invalid_argument(where + "Strategy value " + std::to_string(static_cast<int>(strategy)) +
-                                " is not a strategy; allowed: auto, oneshot, twoshot. Fix: pass fiar::Strategy::Auto, "
-                                "OneShot or TwoShot.");
-  }
+  if (!is_valid(strategy)) throw std::invalid_argument(where + strategy_value_text(strategy));
   if (in == nullptr || (pattern == Pattern::AllReduce && out == nullptr)) {
     throw std::invalid_argument(where + (in == nullptr ? "in" : "out") +
                                 " is a null pointer. Fix: pass [num_tokens, hidden_dim] buffers.");
@@ -98,19 +94,18 @@ inline void validate_call_basics(const std::string& where, Pattern pattern, Stra
   }
 }
 
-// Bytes and alignment of tensor t of a call of pattern P (rows tokens, hidden elements per row).
-template <ReduceType T>
-constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, std::size_t rows, std::size_t hidden,
-                                   ScaleLayout layout) {
+// Bytes of tensor t of a call of a pattern (rows tokens, hidden elements of elem_bytes each per row).
+constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, std::size_t elem_bytes, std::size_t rows,
+                                   std::size_t hidden, ScaleLayout layout) {
   switch (t) {
-    case FusedTensor::Gamma: return hidden * sizeof(T);
+    case FusedTensor::Gamma: return hidden * elem_bytes;
     case FusedTensor::QuantOut: return traits.quant == Quant::Nvfp4 ? rows * hidden / 2 : rows * hidden;
     case FusedTensor::Scale: return sizeof(float);
     case FusedTensor::ScaleOut: return rows * sizeof(float);
     case FusedTensor::BlockScaleOut:
       return algo::nvfp4_scale_bytes(static_cast<int>(rows), static_cast<int>(hidden),
                                      is_valid(layout) ? layout : ScaleLayout::Linear);
-    default: return rows * hidden * sizeof(T);
+    default: return rows * hidden * elem_bytes;
   }
 }
 constexpr std::size_t tensor_alignment(FusedTensor t) {
@@ -132,92 +127,111 @@ constexpr bool allowed_alias(FusedTensor x, FusedTensor y) {
          pair(FusedTensor::ResidualOut, FusedTensor::ResidualIn);
 }
 
+// One fused call as the pattern rules see it: no element type, no pattern type, so the checks below are compiled
+// once per platform, not once per pattern and element type.
+struct CallView {
+  const PatternTraits* traits;
+  std::size_t elem_bytes;
+  std::string_view dtype;
+  int num_tokens;
+  int hidden_dim;
+  int arch;
+  int rank;
+  float eps;
+  float weight_bias;
+  ScaleLayout layout;
+  const void* tensors[kFusedTensorCount];
+};
+
 // The pattern's rules for one call, from its row of the pattern table: the element type, the architecture and the
 // hidden size it needs, its scalar parameters, every tensor it uses set (and every output it does not use null),
-// aligned and on this rank's device, and no overlap but the allowed aliases.
-template <Pattern P, ReduceType T, class Pf>
-void validate_fused(const FusedArgs<T>& a, int hidden_dim, int arch, int rank, const Pf& platform) {
-  constexpr PatternTraits traits = pattern_traits(P);
-  const std::string where = call_where(P, rank);
-  const std::string name = to_string(P);
-  if (traits.needs_16bit && sizeof(T) != 2) {
-    throw std::invalid_argument(where + "the input is " + std::string(dtype_name<T>()) + "; " + traits.feature +
+// aligned and on this rank's device (platform.check_pointer), and no overlap but the allowed aliases.
+template <class Pf>
+void validate_call_view(const CallView& c, const Pf& platform) {
+  const PatternTraits& traits = *c.traits;
+  const std::string where = call_where(traits.pattern, c.rank);
+  const std::string name = traits.name;
+  if (traits.needs_16bit && c.elem_bytes != 2) {
+    throw std::invalid_argument(where + "the input is " + std::string(c.dtype) + "; " + traits.feature +
                                 " takes 16-bit input (half or bf16). Fix: run the all-reduce in half or bf16, or use " +
                                 traits.alternative + ".");
   }
-  if (traits.min_arch > 0 && arch < traits.min_arch) {
-    throw std::invalid_argument(where + traits.feature + " needs " + arch_name(traits.min_arch) +
-                                " or newer, and this workspace runs on " + arch_name(arch) + ". Fix: use " +
-                                traits.alternative + " on this GPU (on the host emulator, set Topology::arch to " +
-                                std::to_string(traits.min_arch) + " to emulate it).");
+  if (traits.min_arch > 0 && c.arch < traits.min_arch) {
+    throw std::invalid_argument(
+        where + traits.feature + " needs " + arch_name(traits.min_arch) + " or newer, and this workspace runs on " +
+        (c.arch == 0 ? std::string("an unknown architecture (Topology::arch = 0)") : arch_name(c.arch)) +
+        ". Fix: use " + traits.alternative + " on this GPU (on the host emulator, set Topology::arch to " +
+        std::to_string(traits.min_arch) + " to emulate it).");
   }
-  if (hidden_dim % traits.hidden_multiple != 0) {
-    throw std::invalid_argument(where + "hidden_dim = " + std::to_string(hidden_dim) + "; " + traits.feature +
+  if (c.hidden_dim % traits.hidden_multiple != 0) {
+    throw std::invalid_argument(where + "hidden_dim = " + std::to_string(c.hidden_dim) + "; " + traits.feature +
                                 " needs a multiple of " + std::to_string(traits.hidden_multiple) +
                                 ". Fix: pad the hidden dimension to a multiple of " +
                                 std::to_string(traits.hidden_multiple) + ".");
   }
-  if (traits.norm && (!(a.eps >= 0.0f) || !std::isfinite(a.eps) || !std::isfinite(a.weight_bias))) {
-    throw std::invalid_argument(where + "eps = " + float_text(a.eps) + ", weight_bias = " + float_text(a.weight_bias) +
+  if (traits.norm && (!(c.eps >= 0.0f) || !std::isfinite(c.eps) || !std::isfinite(c.weight_bias))) {
+    throw std::invalid_argument(where + "eps = " + float_text(c.eps) + ", weight_bias = " + float_text(c.weight_bias) +
                                 "; allowed: a finite eps >= 0 and a finite weight_bias. Fix: pass the model's RMSNorm "
                                 "epsilon and 0 (or 1 for (1 + gamma) norms).");
   }
-  const TensorUse used_layout = traits.use[static_cast<int>(FusedTensor::BlockScaleOut)];
-  if (used_layout != TensorUse::Unused && !is_valid(a.layout)) {
-    throw std::invalid_argument(where + "ScaleLayout value " + std::to_string(static_cast<int>(a.layout)) +
+  auto use = [&](FusedTensor t) { return traits.use[static_cast<int>(t)]; };
+  if (use(FusedTensor::BlockScaleOut) != TensorUse::Unused && !is_valid(c.layout)) {
+    throw std::invalid_argument(where + "ScaleLayout value " + std::to_string(static_cast<int>(c.layout)) +
                                 " is not a layout; allowed: swizzled128x4, linear. Fix: pass "
                                 "fiar::ScaleLayout::Swizzled128x4 or Linear.");
   }
-  const std::size_t rows = static_cast<std::size_t>(a.num_tokens);
-  const std::size_t hidden = static_cast<std::size_t>(hidden_dim);
-  struct Tensor {
-    FusedTensor id;
-    const void* ptr;
-    std::size_t bytes;
-  };
-  Tensor tensors[kFusedTensorCount];
+  const auto rows = static_cast<std::size_t>(c.num_tokens);
+  const auto hidden = static_cast<std::size_t>(c.hidden_dim);
+  auto label = [](FusedTensor t) { return kFusedTensorNames[static_cast<int>(t)]; };
+  auto bytes = [&](FusedTensor t) { return tensor_bytes(t, traits, c.elem_bytes, rows, hidden, c.layout); };
   for (int i = 0; i < kFusedTensorCount; ++i) {
     const auto t = static_cast<FusedTensor>(i);
-    tensors[i] = Tensor{t, tensor_address(a, t), tensor_bytes<T>(t, traits, rows, hidden, a.layout)};
-  }
-  auto use = [&](FusedTensor t) { return traits.use[static_cast<int>(t)]; };
-  auto label = [](FusedTensor t) { return kFusedTensorNames[static_cast<int>(t)]; };
-  for (const Tensor& t : tensors) {
-    const TensorUse u = use(t.id);
-    if (u == TensorUse::Required && t.ptr == nullptr) {
-      throw std::invalid_argument(where + label(t.id) + " is a null pointer; " + name + " needs it. Fix: pass it.");
+    const void* ptr = c.tensors[i];
+    const TensorUse u = use(t);
+    if (u == TensorUse::Required && ptr == nullptr) {
+      throw std::invalid_argument(where + label(t) + " is a null pointer; " + name + " needs it. Fix: pass it.");
     }
-    if (u == TensorUse::Unused && is_output(t.id) && t.ptr != nullptr) {
-      throw std::invalid_argument(where + label(t.id) + " = " + pointer_text(t.ptr) + " is set, but " + name +
+    if (u == TensorUse::Unused && is_output(t) && ptr != nullptr) {
+      throw std::invalid_argument(where + label(t) + " = " + pointer_text(ptr) + " is set, but " + name +
                                   " does not write it. Fix: pass nullptr, or the pattern that produces it.");
     }
-    if (u == TensorUse::Unused || t.ptr == nullptr) continue;
-    const std::size_t align = tensor_alignment(t.id);
-    if (reinterpret_cast<std::uintptr_t>(t.ptr) % align != 0) {
-      throw std::invalid_argument(where + label(t.id) + " = " + pointer_text(t.ptr) + " is not " +
-                                  std::to_string(align) +
-                                  "-byte aligned. Fix: allocate with cudaMalloc or align the "
-                                  "tensor to " +
+    if (u == TensorUse::Unused || ptr == nullptr) continue;
+    const std::size_t align = tensor_alignment(t);
+    if (reinterpret_cast<std::uintptr_t>(ptr) % align != 0) {
+      throw std::invalid_argument(where + label(t) + " = " + pointer_text(ptr) + " is not " + std::to_string(align) +
+                                  "-byte aligned. Fix: allocate with cudaMalloc or align the tensor to " +
                                   std::to_string(align) + " bytes.");
     }
-    platform.check_pointer(t.ptr, label(t.id));
+    platform.check_pointer(ptr, label(t));
   }
   // Outputs must not overlap anything, except the aliases inference engines rely on.
-  for (const Tensor& x : tensors) {
-    if (!is_output(x.id) || x.ptr == nullptr || use(x.id) == TensorUse::Unused) continue;
-    for (const Tensor& y : tensors) {
-      if (&x == &y || y.ptr == nullptr || use(y.id) == TensorUse::Unused || (is_output(y.id) && &y < &x)) continue;
-      const auto a0 = reinterpret_cast<std::uintptr_t>(x.ptr);
-      const auto b0 = reinterpret_cast<std::uintptr_t>(y.ptr);
-      if (!(a0 < b0 + y.bytes && b0 < a0 + x.bytes)) continue;
-      if (a0 == b0 && x.bytes == y.bytes && allowed_alias(x.id, y.id)) continue;
-      throw std::invalid_argument(where + label(x.id) + " (" + pointer_text(x.ptr) + ", " + std::to_string(x.bytes) +
-                                  " bytes) overlaps " + label(y.id) + " (" + pointer_text(y.ptr) + ", " +
-                                  std::to_string(y.bytes) +
+  for (int i = 0; i < kFusedTensorCount; ++i) {
+    const auto x = static_cast<FusedTensor>(i);
+    if (!is_output(x) || c.tensors[i] == nullptr || use(x) == TensorUse::Unused) continue;
+    for (int j = 0; j < kFusedTensorCount; ++j) {
+      const auto y = static_cast<FusedTensor>(j);
+      if (i == j || c.tensors[j] == nullptr || use(y) == TensorUse::Unused || (is_output(y) && j < i)) continue;
+      const auto a0 = reinterpret_cast<std::uintptr_t>(c.tensors[i]);
+      const auto b0 = reinterpret_cast<std::uintptr_t>(c.tensors[j]);
+      const std::size_t xb = bytes(x), yb = bytes(y);
+      if (!(a0 < b0 + yb && b0 < a0 + xb)) continue;
+      if (a0 == b0 && xb == yb && allowed_alias(x, y)) continue;
+      throw std::invalid_argument(where + label(x) + " (" + pointer_text(c.tensors[i]) + ", " + std::to_string(xb) +
+                                  " bytes) overlaps " + label(y) + " (" + pointer_text(c.tensors[j]) + ", " +
+                                  std::to_string(yb) +
                                   " bytes). Allowed: out == in, norm_out == in, residual_out == residual_in, exactly. "
                                   "Fix: pass disjoint buffers or one of those aliases.");
     }
   }
+}
+
+// validate_call_view for a call of pattern P on element type T.
+template <Pattern P, ReduceType T, class Pf>
+void validate_fused(const FusedArgs<T>& a, int hidden_dim, int arch, int rank, const Pf& platform) {
+  CallView c{&pattern_traits(P), sizeof(T), dtype_name<T>(), a.num_tokens, hidden_dim, arch, rank, a.eps, a.weight_bias,
+             a.layout,           {}};
+  for (int i = 0; i < kFusedTensorCount; ++i) c.tensors[i] = tensor_address(a, static_cast<FusedTensor>(i));
+  validate_call_view(c, platform);
 }
 
 }  // namespace detail

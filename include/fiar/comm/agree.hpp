@@ -29,8 +29,8 @@ namespace detail {
 struct StepOutcome {
   enum Kind : std::int32_t { kNone, kInvalidArgument, kCuda, kMulticast, kTimeout, kLogic, kOther };
   std::int32_t kind = kNone;
-  std::int32_t status = 0;  ///< cuda_error::status() of a kCuda / kMulticast failure
-  std::array<char, 1016> text{};
+  std::int32_t status = 0;        ///< cuda_error::status() of a kCuda / kMulticast failure
+  std::array<char, 2040> text{};  ///< the message (longer ones are cut)
 
   [[nodiscard]] bool failed() const noexcept { return kind != kNone; }
   [[nodiscard]] std::string message() const { return std::string(text.data(), strnlen(text.data(), text.size())); }

@@ -79,13 +79,13 @@ class NcclBootstrap {
 
   /// Collective: out receives every rank's `in` (equal sizes on every rank), in rank order.
   void all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+    if (!stream_) throw std::logic_error(detail::moved_from_text("NcclBootstrap"));
     if (!broken_.empty()) throw timeout_error(broken_);
     if (out.size() != in.size() * static_cast<std::size_t>(size_)) {
       throw std::invalid_argument("fiar: all_gather on rank " + std::to_string(rank_) + ": output holds " +
                                   std::to_string(out.size()) + " bytes; it must hold size() x input = " +
                                   std::to_string(size_) + " x " + std::to_string(in.size()) + " bytes.");
     }
-    if (!stream_.get()) throw std::logic_error(detail::moved_from_text("NcclBootstrap"));
     const std::size_t block = in.empty() ? 1 : in.size();  // a barrier moves one byte per rank
     const std::size_t total = block * (static_cast<std::size_t>(size_) + 1);
     detail::DeviceGuard guard(device_);

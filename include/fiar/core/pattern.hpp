@@ -13,10 +13,10 @@
 #include "prelude.hpp"
 
 /// Calls X(args..., P) for every Pattern enumerator name (explicit instantiations are spelled with it).
-#define FIAR_FOR_EACH_PATTERN(X, ...)                                                                          \
-  X(__VA_ARGS__, AllReduce)                                                                                    \
-  X(__VA_ARGS__, ResidualRmsNorm) X(__VA_ARGS__, ResidualRmsNormFp8) X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) \
-      X(__VA_ARGS__, ResidualRmsNormNvfp4)
+#define FIAR_FOR_EACH_PATTERN(X, ...) \
+  X(__VA_ARGS__, AllReduce)           \
+  X(__VA_ARGS__, ResidualRmsNorm)     \
+  X(__VA_ARGS__, ResidualRmsNormFp8) X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) X(__VA_ARGS__, ResidualRmsNormNvfp4)
 
 FIAR_BEGIN_NAMESPACE
 

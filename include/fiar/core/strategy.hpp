@@ -31,12 +31,17 @@ constexpr std::string_view to_string(Strategy s) noexcept {
   return is_valid(s) ? detail::kStrategyNames[static_cast<int>(s)] : std::string_view("invalid");
 }
 
+namespace detail {
+/// "Strategy value 7 is not a strategy; allowed: ...", without the "fiar: " that begins every message.
+inline std::string strategy_value_text(Strategy s) {
+  return "Strategy value " + std::to_string(static_cast<int>(s)) +
+         " is not a strategy; allowed: auto, oneshot, twoshot. Fix: pass fiar::Strategy::Auto, OneShot or TwoShot.";
+}
+}  // namespace detail
+
 /// Throws std::invalid_argument naming the value unless s is an enumerator.
 inline void check_strategy(Strategy s) {
-  if (is_valid(s)) return;
-  throw std::invalid_argument("fiar: Strategy value " + std::to_string(static_cast<int>(s)) +
-                              " is not a strategy; allowed: auto, oneshot, twoshot (fiar::Strategy::Auto, OneShot, "
-                              "TwoShot). Fix: pass one of the enumerators.");
+  if (!is_valid(s)) throw std::invalid_argument("fiar: " + detail::strategy_value_text(s));
 }
 
 /// The built-in strategy table of the trtllm backend: per-rank message bytes (tokens x hidden x sizeof(T)) up to

@@ -99,7 +99,7 @@ struct DeviceCtx : SystemAtomics {
                  :
                  : "l"(__cvta_generic_to_global(view.address + offset)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
-#endif  // exec/kernel.cuh refuses to compile device code below sm_90
+#endif  // the #error at the top of this header refuses device code below sm_90
   }
   /// 16-byte store to memory another rank reads concurrently: ONE st.volatile.global.v4.
   __device__ static void store16(std::uint32_t* p, const Vec16& v) {

@@ -16,6 +16,8 @@
 #include <atomic>
 #include <string>
 
+#include "../core/dtype.hpp"
+#include "../core/pattern.hpp"
 #include "../core/prelude.hpp"
 #include "../runtime/cuda.hpp"
 #include "context.hpp"
@@ -91,8 +93,15 @@ void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cu
     config.numAttrs = 1;
   }
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel<Op>, p);
+  std::string what = Op::name;
+  if constexpr (requires {
+                  Op::pattern;
+                  typename Op::value_type;
+                }) {
+    what += ", " + std::string(to_string(Op::pattern)) + ", " + std::string(dtype_name<typename Op::value_type>());
+  }
   detail::cuda_check(e,
-                     "cudaLaunchKernelEx (" + std::string(Op::name) + ", " + std::to_string(shape.blocks) + " x " +
+                     "cudaLaunchKernelEx (" + what + ", " + std::to_string(shape.blocks) + " x " +
                          std::to_string(shape.threads) + " threads) on device " + std::to_string(device),
                      "the stream belongs to device " + std::to_string(device) +
                          ", the binary was built for this GPU's architecture (gpu_archs), and no earlier "

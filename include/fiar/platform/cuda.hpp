@@ -376,9 +376,9 @@ class CudaPlatform {
       return reinterpret_cast<std::uint32_t*>(static_cast<std::uintptr_t>(peer.pointer));
     }
     if (peer.handle_valid == 0) {
-      throw cuda_error(
-          "fiar: " + who + " runs in another process but could not export its workspace: " + peer.export_error.data(),
-          static_cast<int>(cudaErrorInvalidResourceHandle));
+      throw cuda_error("fiar: " + who + " runs in another process but could not export its workspace: " +
+                           detail::without_fiar_prefix(peer.export_error.data()),
+                       static_cast<int>(cudaErrorInvalidResourceHandle));
     }
     void* p = nullptr;
     detail::cuda_check(cudaIpcOpenMemHandle(&p, peer.handle, cudaIpcMemLazyEnablePeerAccess),

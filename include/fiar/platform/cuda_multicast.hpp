@@ -44,8 +44,8 @@ namespace detail {
 
 /// What ends every multicast error: where to go when the machine cannot do it.
 inline constexpr const char* kMulticastFallback =
-    "Fallback: the trtllm backend on one node, nccl across nodes (FIAR_ALLREDUCE_BACKEND=trtllm or nccl), or "
-    "Backend::Auto, which falls back when it may.";
+    "Fallback: the trtllm backend on one node, nccl across nodes (FIAR_ALLREDUCE_BACKEND=trtllm or nccl); on one "
+    "node, Backend::Auto falls back to trtllm by itself.";
 /// What a failed multicast call usually means on one node.
 inline constexpr const char* kMulticastSwitchCheck =
     "every rank's GPU sits on an NVSwitch with NVLink multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 1) and "
@@ -86,7 +86,7 @@ inline std::string handle_socket_name(std::uint64_t group, int rank) {
                                   "create the workspace again)"
                                 : std::string(kSocketCheck);
   throw multicast_error(std::string(e.what()) +
-                            (e.timed_out() ? " (waited " + std::to_string(timeout.count()) + " ms)" : "") +
+                            (e.timed_out() ? ", after waiting " + std::to_string(timeout.count()) + " ms" : "") +
                             ". Check: " + check + ". " + kMulticastFallback,
                         static_cast<int>(e.timed_out() ? CUDA_ERROR_TIMEOUT : CUDA_ERROR_OPERATING_SYSTEM));
 }
@@ -163,8 +163,8 @@ class MulticastSetup {
               ") does not support NVLink multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0), which the mnnvl "
               "backend needs. Multicast needs sm_90 or newer GPUs on an NVSwitch (HGX/DGX H100, H200, B200; GB200 "
               "NVL72) with nvidia-fabricmanager running; GPUs joined by NVLink bridges or PCIe have none. Fix: use "
-              "the trtllm backend on one node or nccl across nodes (FIAR_ALLREDUCE_BACKEND=trtllm or nccl), or "
-              "Backend::Auto, which falls back when it may.",
+              "the trtllm backend on one node or nccl across nodes (FIAR_ALLREDUCE_BACKEND=trtllm or nccl); on "
+              "one node, Backend::Auto falls back to trtllm by itself.",
           static_cast<int>(CUDA_ERROR_NOT_SUPPORTED));
     }
     out.granularity[0] = granularity_for(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, bytes);

@@ -108,8 +108,8 @@ class HostPlatform {
       if (support[r] == 0) {
         throw multicast_error("fiar: NVLink multicast setup failed: rank " + std::to_string(r) +
                                   " runs on an (emulated) machine without multicast (HostPlatformOptions::multicast "
-                                  "= false). Fix: use the trtllm backend on one node or nccl across nodes, or "
-                                  "Backend::Auto, which falls back when it may.",
+                                  "= false). Fix: use the trtllm backend on one node or nccl across nodes; on "
+                                  "one node, Backend::Auto falls back to trtllm by itself.",
                               static_cast<int>(cudaErrorNotSupported));
       }
     }
