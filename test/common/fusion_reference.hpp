@@ -1,8 +1,9 @@
 // The plain C++ reference of the fused epilogues (residual add + RMSNorm, static and dynamic FP8, NVFP4 with
-// swizzled and linear scales), shared by the host-emulator tests (test/unit/test_fusion.cpp) and the GPU
-// tests (test/gpu/test_gpu_fusion.cu): the caller runs a pattern on every rank, gathers each rank's outputs
-// into Outputs<T>, and check_pattern() compares them with the reference (fp64 where the kernel's reduction
-// order is free, bit for bit where it is not). Uses Catch2 assertions: call it from the test's own thread.
+// swizzled and linear scales), shared by the host-emulator tests (test/unit/test_fusion.cpp, test_backends.cpp and
+// the backends' own) and the GPU tests (test/gpu/test_gpu_fusion.cpp): the caller runs a pattern on every rank,
+// gathers each rank's outputs into Outputs<T>, and check_pattern() compares them with the reference (fp64 where the
+// kernel's reduction order is free, bit for bit where it is not). Uses Catch2 assertions: call it from the test's own
+// thread.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -18,7 +19,9 @@
 
 namespace fiar_test {
 
-inline std::uint8_t fp8(float x) { return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)); }
+inline std::uint8_t fp8(float x) {
+  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
 inline float fp8_value(std::uint8_t q) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q), __NV_E4M3)));
 }
@@ -52,7 +55,8 @@ std::vector<T> residual_of(std::size_t count, int call) {
 template <class T>
 std::vector<T> gamma_of(int hidden) {
   std::vector<T> g(static_cast<std::size_t>(hidden));
-  for (int i = 0; i < hidden; ++i) g[static_cast<std::size_t>(i)] = from_float<T>(0.5f + 0.25f * static_cast<float>((i * 7) % 9) / 8.0f);
+  for (int i = 0; i < hidden; ++i)
+    g[static_cast<std::size_t>(i)] = from_float<T>(0.5f + 0.25f * static_cast<float>((i * 7) % 9) / 8.0f);
   return g;
 }
 
@@ -62,7 +66,8 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
                    float weight_bias, float scale) {
   const std::size_t count = static_cast<std::size_t>(s.tokens) * s.hidden;
   auto same_bits = [](const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](T x, T y) { return bits(x) == bits(y); });
+    return a.size() == b.size() &&
+           std::equal(a.begin(), a.end(), b.begin(), [](T x, T y) { return bits(x) == bits(y); });
   };
   for (std::size_t r = 1; r < outs.size(); ++r) {
     CAPTURE(r);
@@ -94,7 +99,8 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
         const std::size_t i = static_cast<std::size_t>(t) * s.hidden + h;
         y[static_cast<std::size_t>(h)] = from_float<T>(as_float(sum[i]) + as_float(residual[i]));
         mismatches += bits(o.residual_out[i]) != bits(y[static_cast<std::size_t>(h)]);
-        squares += static_cast<double>(as_float(y[static_cast<std::size_t>(h)])) * as_float(y[static_cast<std::size_t>(h)]);
+        squares +=
+            static_cast<double>(as_float(y[static_cast<std::size_t>(h)])) * as_float(y[static_cast<std::size_t>(h)]);
       }
       const double inv_rms = 1.0 / std::sqrt(squares / s.hidden + 1e-5);
       // The kernel's norm output (or the reference's, when it wrote none), checked within one ulp of T plus
@@ -103,11 +109,13 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
       int far = 0;
       for (int h = 0; h < s.hidden; ++h) {
         const std::size_t i = static_cast<std::size_t>(t) * s.hidden + h;
-        const double want = as_float(y[static_cast<std::size_t>(h)]) * inv_rms * (weight_bias + as_float(gamma[static_cast<std::size_t>(h)]));
+        const double want = as_float(y[static_cast<std::size_t>(h)]) * inv_rms *
+                            (weight_bias + as_float(gamma[static_cast<std::size_t>(h)]));
         if (!o.norm_out.empty()) {
           const double got = as_float(o.norm_out[i]);
           // Plus one subnormal step of T: near zero an ulp is absolute (half: 2^-24), not relative.
-          if (std::fabs(got - want) > ulp * std::fabs(want) + 1e-6 * std::fabs(want) + error_bound<T>(0.0, 0.0, 1)) ++far;
+          if (std::fabs(got - want) > ulp * std::fabs(want) + 1e-6 * std::fabs(want) + error_bound<T>(0.0, 0.0, 1))
+            ++far;
           n[static_cast<std::size_t>(h)] = as_float(o.norm_out[i]);
         }
       }
@@ -131,7 +139,8 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
       }
       if constexpr (P == fiar::Pattern::ResidualRmsNormFp8) {
         for (int h = 0; h < s.hidden; ++h) {
-          mismatches += o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] * (1.0f / scale));
+          mismatches += o.quant[static_cast<std::size_t>(t) * s.hidden + h] !=
+                        fp8(n[static_cast<std::size_t>(h)] * (1.0f / scale));
         }
       } else if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Dynamic) {
         float amax = 0;
@@ -139,7 +148,8 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
         const float token_scale = std::max(amax / 448.0f, 1.0f / (512.0f * 448.0f));
         CHECK(o.scale_out[static_cast<std::size_t>(t)] == token_scale);
         for (int h = 0; h < s.hidden; ++h) {
-          mismatches += o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] / token_scale);
+          mismatches +=
+              o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] / token_scale);
         }
       } else if constexpr (P == fiar::Pattern::ResidualRmsNormNvfp4) {
         const int cols = s.hidden / 16;

@@ -18,6 +18,20 @@
 
 namespace fiar_test {
 
+// Under ThreadSanitizer every emulated lane runs many times slower, and CI runs the whole host suite a second time
+// there to check the protocols' memory ordering: the longest sweeps take fewer sizes in that build (sizes_for), the
+// plain build runs every size.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderTsan = true;
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
+
+// `all` in the plain build, `under_tsan` (a subset of it) under ThreadSanitizer; for GENERATE(from_range(...)).
+inline std::vector<int> sizes_for(std::vector<int> all, std::vector<int> under_tsan) {
+  return kUnderTsan ? under_tsan : all;
+}
+
 using namespace std::chrono_literals;
 using fiar::Strategy;
 
@@ -36,7 +50,7 @@ using TopologyOf = fiar::Topology (*)(int world, int rank, int arch);
 
 // Runs body(rank, bootstrap) on one thread per rank; returns what each rank threw ("" = nothing).
 inline std::vector<std::string> run_ranks(int world, const std::function<void(int, fiar::InProcessBootstrap&)>& body,
-                                   std::chrono::milliseconds bootstrap_timeout = 30s) {
+                                          std::chrono::milliseconds bootstrap_timeout = 30s) {
   fiar::InProcessGroup group(world, bootstrap_timeout);
   std::vector<std::string> errors(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
@@ -61,16 +75,18 @@ inline void ensure(bool ok, const char* expression, const char* file, int line) 
   if (!ok) throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": check failed: " + expression);
 }
 #define FIAR_ENSURE(...) ::fiar_test::ensure(static_cast<bool>(__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
-#define FIAR_ENSURE_THROWS_AS(expression, Exception)                                                       \
-  ::fiar_test::ensure([&] {                                                                                  \
-    try {                                                                                                    \
-      (void)(expression);                                                                                    \
-    } catch (const Exception&) {                                                                             \
-      return true;                                                                                           \
-    } catch (...) {                                                                                          \
-    }                                                                                                        \
-    return false;                                                                                            \
-  }(), #expression " throws " #Exception, __FILE__, __LINE__)
+#define FIAR_ENSURE_THROWS_AS(expression, Exception) \
+  ::fiar_test::ensure(                               \
+      [&] {                                          \
+        try {                                        \
+          (void)(expression);                        \
+        } catch (const Exception&) {                 \
+          return true;                               \
+        } catch (...) {                              \
+        }                                            \
+        return false;                                \
+      }(),                                           \
+      #expression " throws " #Exception, __FILE__, __LINE__)
 
 inline void require_no_errors(const std::vector<std::string>& errors) {
   for (std::size_t r = 0; r < errors.size(); ++r) {
@@ -165,7 +181,7 @@ std::vector<Strategy> run_and_check(int world, fiar::WorkspaceConfig cfg, int ca
     CAPTURE(r);
     CHECK(checks[static_cast<std::size_t>(r)].mismatches == 0);
     CHECK(checks[static_cast<std::size_t>(r)].out_of_bound == 0);
-    CHECK(outputs[static_cast<std::size_t>(r)] .size() == outputs[0].size());
+    CHECK(outputs[static_cast<std::size_t>(r)].size() == outputs[0].size());
     CHECK(std::equal(outputs[static_cast<std::size_t>(r)].begin(), outputs[static_cast<std::size_t>(r)].end(),
                      outputs[0].begin(), [](T a, T b) { return bits(a) == bits(b); }));
   }

@@ -99,11 +99,11 @@ double unit_roundoff() {
 /// + the smallest subnormal of T (rounding near zero), where u_T is T's unit roundoff.
 template <class T>
 double error_bound(double exact, double abs_sum, int world) {
-  const double tiny = std::is_same_v<T, float> ? std::ldexp(1.0, -149)
+  const double tiny = std::is_same_v<T, float>    ? std::ldexp(1.0, -149)
                       : std::is_same_v<T, __half> ? std::ldexp(1.0, -24)
                                                   : std::ldexp(1.0, -133);
-  return unit_roundoff<T>() * std::fabs(exact) * (1 + 1e-6) + (world - 1) * std::ldexp(1.0, -24) * abs_sum * (1 + 1e-6) +
-         tiny;
+  return unit_roundoff<T>() * std::fabs(exact) * (1 + 1e-6) +
+         (world - 1) * std::ldexp(1.0, -24) * abs_sum * (1 + 1e-6) + tiny;
 }
 
 /// Inputs for rank `rank`, call `call`: mostly values of both signs over several magnitudes, with

@@ -109,4 +109,3 @@ template __global__ void oneshot<__half>(const __grid_constant__ LamportParams<_
 template __global__ void oneshot<__nv_bfloat16>(const __grid_constant__ LamportParams<__nv_bfloat16>);
 
 }  // namespace hand
-

@@ -11,12 +11,13 @@
 // (<fiar/fiar.hpp> only) that names every workspace on CudaPlatform, explicitly instantiated, and links because
 // examples/kernels.cu (the one nvcc translation unit, <fiar/instantiate.cuh>) defines every launch, for every
 // configured architecture. Explicit instantiation of the class emits its members (they are Workspace's own).
-#define FIAR_INSTANTIATE_WORKSPACE(Policy, T)                                                                      \
-  template class fiar::Workspace<fiar::Policy, T, fiar::CudaPlatform>;                                           \
-  template fiar::Workspace<fiar::Policy, T, fiar::CudaPlatform>::Workspace(                                      \
-      fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, const fiar::CudaPlatformOptions&);
-#define FIAR_INSTANTIATE_RUN(Policy, T, P)                                                                         \
-  template void fiar::Workspace<fiar::Policy, T, fiar::CudaPlatform>::run<fiar::Pattern::P>(                      \
+#define FIAR_INSTANTIATE_WORKSPACE(Policy, T)                                         \
+  template class fiar::Workspace<fiar::Policy, T, fiar::CudaPlatform>;                \
+  template fiar::Workspace<fiar::Policy, T, fiar::CudaPlatform>::Workspace(           \
+      fiar::InProcessBootstrap&, const fiar::Topology&, const fiar::WorkspaceConfig&, \
+      const fiar::CudaPlatformOptions&);
+#define FIAR_INSTANTIATE_RUN(Policy, T, P)                                                   \
+  template void fiar::Workspace<fiar::Policy, T, fiar::CudaPlatform>::run<fiar::Pattern::P>( \
       const fiar::FusedArgs<T>&, cudaStream_t, fiar::Strategy);
 #define FIAR_INSTANTIATE_BACKEND(Policy, T) \
   FIAR_INSTANTIATE_WORKSPACE(Policy, T) FIAR_FOR_EACH_PATTERN(FIAR_INSTANTIATE_RUN, Policy, T)
@@ -25,9 +26,9 @@ FIAR_FOR_EACH_DTYPE(FIAR_INSTANTIATE_BACKEND, MnnvlPolicy)
 FIAR_FOR_EACH_DTYPE(FIAR_INSTANTIATE_BACKEND, NcclPolicy)
 // The nccl workspace's second constructor adopts a communicator (it compiles in a build without NCCL too: its
 // creation then throws).
-#define FIAR_INSTANTIATE_NCCL_ADOPT(Unused, T)                                                                     \
-  template fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>::Workspace(                                  \
-      fiar::InProcessBootstrap&, fiar::NcclComm, const fiar::Topology&, const fiar::WorkspaceConfig&,             \
+#define FIAR_INSTANTIATE_NCCL_ADOPT(Unused, T)                                                        \
+  template fiar::Workspace<fiar::NcclPolicy, T, fiar::CudaPlatform>::Workspace(                       \
+      fiar::InProcessBootstrap&, fiar::NcclComm, const fiar::Topology&, const fiar::WorkspaceConfig&, \
       const fiar::CudaPlatformOptions&);
 FIAR_FOR_EACH_DTYPE(FIAR_INSTANTIATE_NCCL_ADOPT, )
 template std::vector<std::uint32_t*> fiar::CudaPlatform::allocate_shared(fiar::InProcessBootstrap&, std::size_t);
@@ -39,7 +40,7 @@ static_assert(fiar::AllreduceWorkspace<fiar::AnyWorkspace<__half, fiar::HostPlat
 // Launch shapes: one block per token up to the cap, threads a multiple of 32 covering a token (32..1024).
 static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).blocks == 1);
 static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).threads == 32);
-static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).blocks == 66);   // bf16, hidden 7168, 2 ranks per GPU
+static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).blocks == 66);  // bf16, hidden 7168, 2 ranks per GPU
 static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).threads == 896);
 static_assert(fiar::CudaPlatform::launch_shape(5, 40, 16).threads == 64);
 static_assert(fiar::CudaPlatform::launch_shape(5, 4096, 16).threads == 1024);  // lanes loop over the rest
@@ -55,11 +56,11 @@ struct Case {
 };
 
 // The one list of {policy x dtype} cases: every Workspace specialization must be nameable.
-using AllCases = std::tuple<Case<fiar::TrtllmPolicy, float>, Case<fiar::TrtllmPolicy, __half>,
-                            Case<fiar::TrtllmPolicy, __nv_bfloat16>, Case<fiar::MnnvlPolicy, float>,
-                            Case<fiar::MnnvlPolicy, __half>, Case<fiar::MnnvlPolicy, __nv_bfloat16>,
-                            Case<fiar::NcclPolicy, float>, Case<fiar::NcclPolicy, __half>,
-                            Case<fiar::NcclPolicy, __nv_bfloat16>>;
+using AllCases =
+    std::tuple<Case<fiar::TrtllmPolicy, float>, Case<fiar::TrtllmPolicy, __half>,
+               Case<fiar::TrtllmPolicy, __nv_bfloat16>, Case<fiar::MnnvlPolicy, float>, Case<fiar::MnnvlPolicy, __half>,
+               Case<fiar::MnnvlPolicy, __nv_bfloat16>, Case<fiar::NcclPolicy, float>, Case<fiar::NcclPolicy, __half>,
+               Case<fiar::NcclPolicy, __nv_bfloat16>>;
 
 template <class C>
 int check_case(const fiar::Topology& t) {

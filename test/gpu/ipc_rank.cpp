@@ -1,4 +1,4 @@
-// gpu-ipc-rank: one rank of the multi-process GPU test (test_gpu_ipc.cu starts one process per rank).
+// gpu-ipc-rank: one rank of the multi-process GPU test (test_gpu_ipc.cpp starts one process per rank).
 // Ranks talk through a shared-memory ShmBootstrap, so CudaPlatform maps every peer's workspace with CUDA
 // IPC (other processes), whether the peers share this GPU or not. For float, half and bf16 in turn it
 // creates a trtllm workspace, runs a fixed sequence of calls mixing one-shot, two-shot and Auto, in place
@@ -19,10 +19,14 @@
 #include <vector>
 
 #include "../common/reference.hpp"
+#include "gpu_device.hpp"
 #include "shm_bootstrap.hpp"
 
 using namespace std::chrono_literals;
 using fiar::Strategy;
+using fiar_test::DeviceBuffer;
+using fiar_test::gpu_check;
+using fiar_test::Stream;
 
 namespace {
 
@@ -78,30 +82,6 @@ Args parse_args(int argc, char** argv) {
   if (a.device < 0) throw UsageError("--device must be 0 or more");
   return a;
 }
-
-void gpu_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + fiar::detail::describe_cuda(e));
-}
-
-// Device memory that frees itself.
-template <class T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  explicit DeviceBuffer(std::size_t count) {
-    gpu_check(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(count, 1) * sizeof(T)), "cudaMalloc");
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { (void)cudaFree(p); }
-};
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { gpu_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { (void)cudaStreamDestroy(s); }
-};
 
 struct Call {
   int tokens;
@@ -234,12 +214,12 @@ int main(int argc, char** argv) {
     const auto status = fiar::all_gather_value(boot, static_cast<int>(selected));
     if (selected != cudaSuccess) {
       throw std::runtime_error("cudaSetDevice(" + std::to_string(args.device) +
-                               ") failed: " + fiar::detail::describe_cuda(selected));
+                               ") failed: " + fiar_test::cuda_error_text(selected));
     }
     for (int r = 0; r < args.world; ++r) {
       if (const auto e = static_cast<cudaError_t>(status[static_cast<std::size_t>(r)]); e != cudaSuccess) {
         throw std::runtime_error("rank " + std::to_string(r) +
-                                 " could not select its device: " + fiar::detail::describe_cuda(e));
+                                 " could not select its device: " + fiar_test::cuda_error_text(e));
       }
     }
 

@@ -3,9 +3,9 @@
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>
 
-#include <chrono>
-#include <thread>
 #include <vector>
+
+#include "gpu_support.hpp"
 
 namespace {
 
@@ -15,19 +15,10 @@ int device_count() {
   return n;
 }
 
+// One in-process rank per entry of `devices` (rank r on CUDA device devices[r]): what each discovered.
 std::vector<fiar::DiscoveryReport> discover_on_devices(const std::vector<int>& devices) {
-  fiar::InProcessGroup group(static_cast<int>(devices.size()), std::chrono::seconds(60));
-  std::vector<fiar::DiscoveryReport> reports(devices.size());
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < devices.size(); ++r) {
-    threads.emplace_back([&, r] {
-      cudaSetDevice(devices[r]);
-      auto boot = group.bootstrap(static_cast<int>(r));
-      reports[r] = fiar::discover_topology_report(boot);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return reports;
+  return fiar_test::on_ranks(devices,
+                             [](int, fiar::InProcessBootstrap& boot) { return fiar::discover_topology_report(boot); });
 }
 
 }  // namespace
@@ -51,8 +42,7 @@ TEST_CASE("probe_local_device matches the runtime's device properties", "[gpu]")
 }
 
 TEST_CASE("all visible GPUs as in-process ranks: one node, consistent capabilities", "[gpu]") {
-  std::vector<int> devices;
-  for (int d = 0; d < device_count(); ++d) devices.push_back(d);
+  const std::vector<int> devices = fiar_test::one_rank_per_gpu(device_count());
   const auto reports = discover_on_devices(devices);
   const fiar::Topology& t = reports[0].topology;
   CHECK(t.world_size == static_cast<int>(devices.size()));
@@ -68,7 +58,7 @@ TEST_CASE("all visible GPUs as in-process ranks: one node, consistent capabiliti
 }
 
 TEST_CASE("several ranks on one GPU can map each other's memory", "[gpu]") {
-  const auto reports = discover_on_devices({0, 0, 0, 0});
+  const auto reports = discover_on_devices(fiar_test::ranks_on_gpu(4));
   CHECK(reports[0].topology.world_size == 4);
   CHECK(reports[0].topology.node_peer_access);
   CHECK(fiar::can_run_on(fiar::Backend::Trtllm, reports[0].topology) == (reports[0].topology.arch >= 90));

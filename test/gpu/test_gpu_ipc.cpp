@@ -1,7 +1,7 @@
 // The trtllm backend with one process per rank: CudaPlatform maps the peers' workspaces with CUDA IPC.
 // This test is the parent: it creates the shared-memory segment the ranks meet in, starts one gpu-ipc-rank
 // process per rank with posix_spawn (not fork: CUDA is already initialised here), waits for them within a
-// bound, and requires each to exit 0 (every result bit-exact; see ipc_rank.cu). Processes on one GPU use
+// bound, and requires each to exit 0 (every result bit-exact; see ipc_rank.cpp). Processes on one GPU use
 // IPC too, so this runs on a single-GPU machine. Meson passes the rank executable in FIAR_GPU_IPC_RANK.
 #include <cuda_runtime_api.h>
 #include <spawn.h>
@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_support.hpp"
 #include "shm_bootstrap.hpp"
 
 extern char** environ;
@@ -32,12 +33,6 @@ namespace {
 std::string rank_executable() {
   const char* path = std::getenv("FIAR_GPU_IPC_RANK");
   return path != nullptr ? path : "";
-}
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  return n;
 }
 
 // A temporary file a child writes its stdout and stderr to; removed when destroyed.
@@ -158,34 +153,22 @@ TEST_CASE("one process per rank, all on one GPU: peers mapped with CUDA IPC, res
     return;
   }
   const int world = GENERATE(2, 4);
-  const std::vector<int> devices(static_cast<std::size_t>(world), 0);
+  const std::vector<int> devices = fiar_test::ranks_on_gpu(world);
   CAPTURE(world);
   require_all_passed(run_group(devices), devices);
 }
 
 TEST_CASE("one process per GPU: peers mapped with CUDA IPC across GPUs, results bit-exact", "[gpu][ipc][multi_gpu]") {
-  const int n = std::min(device_count(), fiar_test::kShmMaxRanks);
-  if (n < 2) {
-    WARN("only " << n << " GPU visible: one process per GPU needs 2 or more");
-    return;
-  }
-  for (int a = 0; a < n; ++a) {
-    for (int b = 0; b < n; ++b) {
-      int can = 0;
-      if (a != b && (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || can == 0)) {
-        WARN("GPU " << a << " cannot access GPU " << b << " (no peer-to-peer path): trtllm cannot run across them");
-        return;
-      }
-    }
-  }
-  std::vector<int> devices;
-  for (int d = 0; d < n; ++d) devices.push_back(d);
+  const std::vector<int> devices =
+      fiar_test::gpus_with_peer_access(fiar_test::kShmMaxRanks, "one process per GPU needs");
+  if (devices.empty()) return;
+  const int n = static_cast<int>(devices.size());
   CAPTURE(n);
   require_all_passed(run_group(devices), devices);
 }
 
 TEST_CASE("a rank whose device does not exist fails every rank promptly, not at a timeout", "[gpu][ipc]") {
-  const std::vector<int> devices = {0, device_count() + 7};
+  const std::vector<int> devices = {0, fiar_test::device_count() + 7};
   const GroupResult result = run_group(devices);
   for (std::size_t r = 0; r < devices.size(); ++r) {
     INFO("rank " << r << ": " << fiar_test::describe_wait_status(result.status[r]) << "; its output:\n"

@@ -4,10 +4,10 @@
 // fusion reference. On GPUs without multicast, creating the workspace must throw fiar::multicast_error on every
 // rank alike.
 //
-// Three meson tests run this binary, each exiting 77 (SKIP) before Catch2 runs when the machine lacks what its
-// tests need (FIAR_GPU_MNNVL_NEED): "multicast" ([multicast]) needs 2 or more GPUs with multicast, "one-multicast"
-// ([multicast_one]) one, "no-multicast" ([no_multicast]) a GPU without it. Without the variable (a manual run) a
-// test whose GPUs are missing warns and returns.
+// Three meson tests run this file's cases (in gpu-tests), each exiting 77 (SKIP) before Catch2 runs when the
+// machine lacks what its tests need (FIAR_GPU_MNNVL_NEED): "multicast" ([multicast]) needs 2 or more GPUs with
+// multicast, "one-multicast" ([multicast_one]) one, "no-multicast" ([no_multicast]) a GPU without it. Without the
+// variable (a manual run) a test whose GPUs are missing warns and returns.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>
 
@@ -15,14 +15,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../common/fusion_reference.hpp"
@@ -37,21 +36,24 @@ void multicast_store(std::uint32_t* mc, int words, std::uint32_t salt);
 
 namespace {
 
-using fiar_test::DeviceBuffer;
-using fiar_test::require_no_errors;
 using fiar_test::Stream;
 
 template <class T>
-using MnnvlWorkspace = fiar::Workspace<fiar::MnnvlPolicy, T, fiar::CudaPlatform>;
+using MnnvlWorkspace = fiar_test::GpuWorkspace<fiar::MnnvlPolicy, T>;
+
+// The bootstrap bound of the mnnvl tests' ranks (the other GPU tests use fiar_test::kGpuBootstrapTimeout, 60 s).
+constexpr std::chrono::milliseconds kBootstrapTimeout = 90s;
+
+// fiar_test::on_ranks with kBootstrapTimeout.
+template <class Body>
+auto on_ranks(const std::vector<int>& devices, Body&& body) {
+  return fiar_test::on_ranks(devices, std::forward<Body>(body), kBootstrapTimeout);
+}
 
 // Visible CUDA devices with (or without) CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, read through cudart's driver
 // entry points (the binary does not link libcuda). Capped at MnnvlPolicy::max_world_size.
 std::vector<int> devices_with_multicast(bool wanted) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    n = 0;
-  }
+  const int n = fiar_test::device_count();
   std::vector<int> found;
   for (int d = 0; d < n && static_cast<int>(found.size()) < fiar::MnnvlPolicy::max_world_size; ++d) {
     int value = 0;
@@ -89,12 +91,6 @@ const int mnnvl_gate = [] {
   return 0;
 }();
 
-// fiar_test::run_ranks_on with the 90 s bootstrap bound of the mnnvl tests (the other GPU tests use its 60 s).
-std::vector<std::string> run_ranks(const std::vector<int>& devices,
-                                   const std::function<void(int, fiar::InProcessBootstrap&)>& body) {
-  return fiar_test::run_ranks_on(devices, body, 90s);
-}
-
 // The multicast GPUs, or a warning and an empty list (manual runs on machines without them).
 std::vector<int> multicast_ranks() {
   const auto devices = devices_with_multicast(true);
@@ -110,9 +106,8 @@ std::vector<int> multicast_ranks() {
 // through its peer mapping. Returns what each rank found wrong ("" = nothing).
 std::vector<std::string> check_platform_region(const std::vector<int>& devices, int repeats) {
   constexpr int kWords = 1 << 16;
-  std::vector<std::string> wrong(devices.size());
-  const auto errors = run_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
-    std::string& bad = wrong[static_cast<std::size_t>(rank)];
+  return on_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
+    std::string bad;
     const int world = static_cast<int>(devices.size());
     for (int repeat = 0; repeat < repeats; ++repeat) {
       fiar::CudaPlatform platform;
@@ -136,155 +131,61 @@ std::vector<std::string> check_platform_region(const std::vector<int>& devices, 
         GPU_CHECK(cudaMemcpy(host.data(), region.peers[static_cast<std::size_t>(r)], kWords * sizeof(std::uint32_t),
                              cudaMemcpyDeviceToHost));
         int off = 0;
-        for (int i = 0; i < kWords; ++i) off += host[static_cast<std::size_t>(i)] != salt + static_cast<std::uint32_t>(i);
-        if (off != 0) bad += "repeat " + std::to_string(repeat) + ": " + std::to_string(off) + " words of rank " +
-                             std::to_string(r) + "'s memory missed the multicast store; ";
+        for (int i = 0; i < kWords; ++i)
+          off += host[static_cast<std::size_t>(i)] != salt + static_cast<std::uint32_t>(i);
+        if (off != 0)
+          bad += "repeat " + std::to_string(repeat) + ": " + std::to_string(off) + " words of rank " +
+                 std::to_string(r) + "'s memory missed the multicast store; ";
       }
       boot.barrier();  // nobody releases while a peer still reads
     }
+    return bad;
   });
-  require_no_errors(errors);
-  return wrong;
 }
 
-// The topology every rank passes: the discovered one. It must report multicast on these GPUs, or the workspace
-// rejects the mnnvl backend with std::invalid_argument (which the test then reports).
-fiar::WorkspaceConfig config(int max_tokens, int hidden) {
-  fiar::WorkspaceConfig cfg;
-  cfg.max_token_num = max_tokens;
-  cfg.hidden_dim = hidden;
-  cfg.oneshot_at_max_tokens = true;
-  cfg.timeout = 20s;
-  return cfg;
-}
-
-// A sequence of calls every rank makes in place, launched back to back on its stream (so a fast rank runs ahead
-// and the buffer rotation is exercised), then synchronized once; every output checked bit for bit.
+// A sequence of calls every rank makes in place, back to back, with one strategy (fiar_test::run_and_check_calls:
+// every output bit for bit). Every rank passes the discovered topology: it must report multicast on these GPUs, or
+// the workspace rejects the mnnvl backend with std::invalid_argument (which the test then reports).
 template <class T>
 void run_and_check(const std::vector<int>& devices, int hidden, const std::vector<int>& tokens, Strategy strategy) {
-  const int world = static_cast<int>(devices.size());
-  const int calls = static_cast<int>(tokens.size());
-  const int max_tokens = *std::max_element(tokens.begin(), tokens.end());
-  const std::size_t stride = static_cast<std::size_t>(max_tokens) * hidden;
-  INFO("mnnvl, " << world << " GPUs, " << fiar_test::dtype_label<T>() << ", hidden " << hidden << ", "
+  INFO("mnnvl, " << devices.size() << " GPUs, " << fiar_test::dtype_label<T>() << ", hidden " << hidden << ", "
                  << fiar::to_string(strategy));
-
-  std::vector<std::vector<std::vector<T>>> inputs(static_cast<std::size_t>(calls));  // [call][rank]
-  std::vector<std::vector<T>> expected(static_cast<std::size_t>(calls));
-  for (int c = 0; c < calls; ++c) {
-    const std::size_t count = static_cast<std::size_t>(tokens[static_cast<std::size_t>(c)]) * hidden;
-    for (int r = 0; r < world; ++r) inputs[static_cast<std::size_t>(c)].push_back(fiar_test::make_input<T>(count, r, c));
-    expected[static_cast<std::size_t>(c)] = fiar_test::rank_order_sum(inputs[static_cast<std::size_t>(c)], count);
-  }
-
-  std::vector<std::vector<T>> outputs(static_cast<std::size_t>(world));
-  const auto errors = run_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
-    Stream stream;  // allocations before the workspace: its creation ends with a barrier
-    DeviceBuffer<T> data(stride * static_cast<std::size_t>(calls));
-    for (int c = 0; c < calls; ++c) {
-      const auto& in = inputs[static_cast<std::size_t>(c)][static_cast<std::size_t>(rank)];
-      GPU_CHECK(cudaMemcpy(data.p + stride * static_cast<std::size_t>(c), in.data(), in.size() * sizeof(T),
-                           cudaMemcpyHostToDevice));
-    }
-    MnnvlWorkspace<T> ws(boot, fiar::discover_topology(boot), config(max_tokens, hidden));
-    std::string failure;
-    try {
-      for (int c = 0; c < calls; ++c) {
-        T* region = data.p + stride * static_cast<std::size_t>(c);
-        ws.allreduce(region, region, tokens[static_cast<std::size_t>(c)], stream.s, strategy);
-      }
-      auto& out = outputs[static_cast<std::size_t>(rank)];
-      out.resize(stride * static_cast<std::size_t>(calls));
-      GPU_CHECK(cudaStreamSynchronize(stream.s));
-      GPU_CHECK(cudaMemcpy(out.data(), data.p, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
-      ws.check();
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    boot.barrier();  // no rank frees its memory while a peer's kernel may still write into it
-    if (!failure.empty()) throw std::runtime_error(failure);
-  });
-  require_no_errors(errors);
-
-  for (int c = 0; c < calls; ++c) {
-    const auto& want = expected[static_cast<std::size_t>(c)];
-    for (int r = 0; r < world; ++r) {
-      const T* got = outputs[static_cast<std::size_t>(r)].data() + stride * static_cast<std::size_t>(c);
-      std::size_t mismatches = 0, first = want.size();
-      for (std::size_t i = 0; i < want.size(); ++i) {
-        if (fiar_test::bits(got[i]) != fiar_test::bits(want[i]) && mismatches++ == 0) first = i;
-      }
-      const T* rank0 = outputs[0].data() + stride * static_cast<std::size_t>(c);
-      CAPTURE(c, r, tokens[static_cast<std::size_t>(c)]);
-      if (mismatches != 0) {
-        INFO("first mismatch at element " << first << ": got bits 0x" << std::hex << fiar_test::bits(got[first])
-                                          << ", expected 0x" << fiar_test::bits(want[first]));
-        CHECK(mismatches == 0);
-      }
-      CHECK(std::memcmp(got, rank0, want.size() * sizeof(T)) == 0);
-    }
-  }
+  fiar_test::CallPlan plan;
+  plan.devices = devices;
+  plan.hidden = hidden;
+  plan.tokens = tokens;
+  plan.strategies.assign(tokens.size(), strategy);
+  fiar_test::run_and_check_calls<fiar::MnnvlPolicy, T>(plan, kBootstrapTimeout);
 }
 
-template <class T>
-std::vector<int> hidden_dims() {
-  const int per_vec = 16 / static_cast<int>(sizeof(T));
-  return {40 * per_vec, 1536 * per_vec};  // a partial warp; lanes looping over a token
-}
+using fiar_test::hidden_dims;
 
 // ResidualRmsNorm on every rank (fresh workspace per strategy), checked by the shared fusion reference.
 template <class T>
 void run_residual_rmsnorm(const std::vector<int>& devices, int hidden, int tokens, Strategy strategy) {
-  constexpr float kEps = 1e-5f;  // what check_pattern assumes
   const int world = static_cast<int>(devices.size());
-  const std::size_t count = static_cast<std::size_t>(tokens) * hidden;
-  INFO("mnnvl ResidualRmsNorm, " << world << " GPUs, " << fiar_test::dtype_label<T>() << ", hidden " << hidden
-                                 << ", " << tokens << " tokens, " << fiar::to_string(strategy));
-  std::vector<fiar_test::Outputs<T>> outs(static_cast<std::size_t>(world));
-  std::vector<Strategy> ran(static_cast<std::size_t>(world), Strategy::Auto);
-  const auto errors = run_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
-    Stream stream;
-    DeviceBuffer<T> in(count), residual(count), residual_out(count), norm_out(count),
-        gamma(static_cast<std::size_t>(hidden));
-    const std::vector<T> h_in = fiar_test::make_input<T>(count, rank, 0, false);
-    const std::vector<T> h_residual = fiar_test::residual_of<T>(count, 0);
-    const std::vector<T> h_gamma = fiar_test::gamma_of<T>(hidden);
-    GPU_CHECK(cudaMemcpy(in.p, h_in.data(), count * sizeof(T), cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(residual.p, h_residual.data(), count * sizeof(T), cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(gamma.p, h_gamma.data(), h_gamma.size() * sizeof(T), cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemset(residual_out.p, 0xff, count * sizeof(T)));  // NaN in every type: must be overwritten
-    GPU_CHECK(cudaMemset(norm_out.p, 0xff, count * sizeof(T)));
-    MnnvlWorkspace<T> ws(boot, fiar::discover_topology(boot), config(tokens, hidden));
-    std::string failure;
-    try {
-      fiar::FusedArgs<T> a;
-      a.in = in.p;
-      a.num_tokens = tokens;
-      a.residual_in = residual.p;
-      a.residual_out = residual_out.p;
-      a.gamma = gamma.p;
-      a.eps = kEps;
-      a.weight_bias = 0.0f;
-      a.norm_out = norm_out.p;
-      ws.template run<Pattern::ResidualRmsNorm>(a, stream.s, strategy);
-      ran[static_cast<std::size_t>(rank)] = ws.last_strategy();
-      GPU_CHECK(cudaStreamSynchronize(stream.s));
-      auto& o = outs[static_cast<std::size_t>(rank)];
-      o.residual_out.resize(count);
-      o.norm_out.resize(count);
-      GPU_CHECK(cudaMemcpy(o.residual_out.data(), residual_out.p, count * sizeof(T), cudaMemcpyDeviceToHost));
-      GPU_CHECK(cudaMemcpy(o.norm_out.data(), norm_out.p, count * sizeof(T), cudaMemcpyDeviceToHost));
-      ws.check();
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    boot.barrier();
-    if (!failure.empty()) throw std::runtime_error(failure);
+  INFO("mnnvl ResidualRmsNorm, " << world << " GPUs, " << fiar_test::dtype_label<T>() << ", hidden " << hidden << ", "
+                                 << tokens << " tokens, " << fiar::to_string(strategy));
+  const auto got = on_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
+    Stream stream;  // allocations before the workspace: its creation ends with a barrier
+    fiar_test::FusedBuffers<T> b(tokens, hidden, 0);
+    b.set_constants(hidden, 1.0f, stream.s);
+    MnnvlWorkspace<T> ws(boot, fiar::discover_topology(boot), fiar_test::one_shot_config(tokens, hidden));
+    fiar_test::FusedResult<T> mine;
+    fiar_test::finish_together(boot, [&] {
+      mine = fiar_test::run_fused<Pattern::ResidualRmsNorm>(ws, b, stream.s, rank, hidden,
+                                                            {.tokens = tokens, .strategy = strategy});
+      if (!mine.rejection.empty()) throw std::runtime_error("unexpected rejection: " + mine.rejection);
+    });
+    return mine;
   });
-  require_no_errors(errors);
-  for (int r = 0; r < world; ++r) CHECK(ran[static_cast<std::size_t>(r)] == strategy);
+  std::vector<fiar_test::Outputs<T>> outs;
+  for (const auto& r : got) {
+    CHECK(r.ran == strategy);
+    outs.push_back(r.outputs);
+  }
   fiar_test::check_pattern<Pattern::ResidualRmsNorm, T>(fiar_test::Shape{world, tokens, hidden}, outs, true,
-                                                       fiar::ScaleLayout::Swizzled128x4, 0.0f, 1.0f);
+                                                        fiar::ScaleLayout::Swizzled128x4, 0.0f, 1.0f);
 }
 
 // What each rank caught when creating an mnnvl workspace that must fail: the exception's type, text and status.
@@ -298,14 +199,13 @@ struct Caught {
 // multicast (and sm_90, the backend's minimum), so the backend's topology check passes and the platform itself
 // must find out; then all ranks pass one more barrier (nobody was left waiting inside the creation).
 std::vector<Caught> create_expecting_failure(const std::vector<int>& devices) {
-  std::vector<Caught> caught(devices.size());
-  const auto errors = run_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
+  return on_ranks(devices, [&](int, fiar::InProcessBootstrap& boot) {
     fiar::Topology topo = fiar::discover_topology(boot);
     topo.multicast_supported = true;
     topo.arch = std::max(topo.arch, 90);
-    Caught& mine = caught[static_cast<std::size_t>(rank)];
+    Caught mine;
     try {
-      MnnvlWorkspace<__nv_bfloat16> ws(boot, topo, config(8, 1024));
+      MnnvlWorkspace<__nv_bfloat16> ws(boot, topo, fiar_test::one_shot_config(8, 1024));
       mine.what = "(no exception)";
     } catch (const fiar::multicast_error& e) {
       mine.multicast_error = true;
@@ -315,9 +215,18 @@ std::vector<Caught> create_expecting_failure(const std::vector<int>& devices) {
       mine.what = std::string("not a multicast_error: ") + e.what();
     }
     boot.barrier();
+    return mine;
   });
-  require_no_errors(errors);
-  return caught;
+}
+
+// The first GPU with NVLink multicast (world-size-1 cases), or a warning and none.
+std::optional<int> one_multicast_gpu() {
+  const std::vector<int> devices = devices_with_multicast(true);
+  if (devices.empty()) {
+    WARN("no GPU with NVLink multicast visible");
+    return std::nullopt;
+  }
+  return devices[0];
 }
 
 }  // namespace
@@ -357,34 +266,25 @@ TEST_CASE("allocate_multicast on every multicast GPU: zeroed, multicast stores r
 }
 
 TEST_CASE("allocate_multicast with world size 1, repeatedly (setup and release)", "[gpu][multicast_one]") {
-  const std::vector<int> devices = devices_with_multicast(true);
-  if (devices.empty()) {
-    WARN("no GPU with NVLink multicast visible");
-    return;
-  }
-  const auto wrong = check_platform_region({devices[0]}, 8);
+  const std::optional<int> gpu = one_multicast_gpu();
+  if (!gpu) return;
+  const auto wrong = check_platform_region({*gpu}, 8);
   CAPTURE(wrong[0]);
   CHECK(wrong[0].empty());
 }
 
 TEMPLATE_TEST_CASE("mnnvl workspace with world size 1 on a multicast GPU", "[gpu][multicast_one]", float,
                    __nv_bfloat16) {
-  const std::vector<int> devices = devices_with_multicast(true);
-  if (devices.empty()) {
-    WARN("no GPU with NVLink multicast visible");
-    return;
-  }
+  const std::optional<int> gpu = one_multicast_gpu();
+  if (!gpu) return;
   const Strategy strategy = GENERATE(Strategy::OneShot, Strategy::TwoShot);
-  run_and_check<TestType>({devices[0]}, 2048, {1, 3, 17}, strategy);
+  run_and_check<TestType>({*gpu}, 2048, {1, 3, 17}, strategy);
 }
 
 TEST_CASE("mnnvl: two ranks on one multicast GPU fail with fiar::multicast_error on both", "[gpu][multicast_one]") {
-  const std::vector<int> devices = devices_with_multicast(true);
-  if (devices.empty()) {
-    WARN("no GPU with NVLink multicast visible");
-    return;
-  }
-  const auto caught = create_expecting_failure({devices[0], devices[0]});
+  const std::optional<int> gpu = one_multicast_gpu();
+  if (!gpu) return;
+  const auto caught = create_expecting_failure({*gpu, *gpu});
   for (std::size_t r = 0; r < caught.size(); ++r) {
     CAPTURE(r, caught[r].what);
     CHECK(caught[r].multicast_error);
@@ -399,7 +299,7 @@ TEST_CASE("mnnvl on a GPU without multicast: fiar::multicast_error on every rank
     return;
   }
   const int world = GENERATE(1, 2);
-  const std::vector<int> devices(static_cast<std::size_t>(world), without[0]);
+  const std::vector<int> devices = fiar_test::ranks_on_gpu(world, without[0]);
   const auto caught = create_expecting_failure(devices);
   for (std::size_t r = 0; r < caught.size(); ++r) {
     const Caught& c = caught[r];

@@ -24,8 +24,12 @@ namespace {
 constexpr fiar::HostPlatformOptions kGrid{.blocks = 2, .lanes = 4};
 
 fiar::Topology group(int world, int rank, int nodes, bool multicast, bool fabric = false) {
-  return fiar::Topology{.world_size = world, .rank = rank, .node_count = nodes, .multicast_supported = multicast,
-                        .fabric_handles_supported = fabric, .arch = 90};
+  return fiar::Topology{.world_size = world,
+                        .rank = rank,
+                        .node_count = nodes,
+                        .multicast_supported = multicast,
+                        .fabric_handles_supported = fabric,
+                        .arch = 90};
 }
 
 // Captures what fiar logs while alive, and restores the previous sink.
@@ -60,8 +64,8 @@ std::vector<Outcome> make_and_run(int world, Backend requested, const std::funct
   std::vector<Outcome> out(static_cast<std::size_t>(world));
   std::vector<int> wrong(static_cast<std::size_t>(world), 0);
   errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
-    auto ws = fiar::make_workspace<float, fiar::HostPlatform>(boot, topo_of(rank), {.max_token_num = 8, .hidden_dim = hidden},
-                                                              requested, options_of(rank));
+    auto ws = fiar::make_workspace<float, fiar::HostPlatform>(
+        boot, topo_of(rank), {.max_token_num = 8, .hidden_dim = hidden}, requested, options_of(rank));
     out[static_cast<std::size_t>(rank)] = {ws.backend(), ws.resolution().backend, ws.fell_back()};
     std::vector<float> result(count);
     ws.allreduce(inputs[static_cast<std::size_t>(rank)].data(), result.data(), tokens);
@@ -122,9 +126,8 @@ TEST_CASE("make_workspace: an explicit mnnvl is never replaced: its setup failur
     auto options = kGrid;
     options.multicast = false;
     try {
-      auto ws = fiar::make_workspace<float, fiar::HostPlatform>(boot, group(3, rank, 1, true),
-                                                                {.max_token_num = 4, .hidden_dim = 8}, Backend::Mnnvl,
-                                                                options);
+      auto ws = fiar::make_workspace<float, fiar::HostPlatform>(
+          boot, group(3, rank, 1, true), {.max_token_num = 4, .hidden_dim = 8}, Backend::Mnnvl, options);
     } catch (const fiar::multicast_error& e) {
       throw std::runtime_error(std::string("multicast_error: ") + e.what());
     }
@@ -138,9 +141,8 @@ TEST_CASE("make_workspace: across nodes, a failed multicast setup is an error (t
   auto errors = run_ranks(4, [](int rank, fiar::InProcessBootstrap& boot) {
     auto options = kGrid;
     options.multicast = false;
-    auto ws = fiar::make_workspace<float, fiar::HostPlatform>(boot, group(4, rank, 2, true, true),
-                                                              {.max_token_num = 4, .hidden_dim = 8}, Backend::Auto,
-                                                              options);
+    auto ws = fiar::make_workspace<float, fiar::HostPlatform>(
+        boot, group(4, rank, 2, true, true), {.max_token_num = 4, .hidden_dim = 8}, Backend::Auto, options);
   });
   for (const auto& e : errors) CHECK(e.find("NVLink multicast setup failed") != std::string::npos);
   CHECK(log.warnings.empty());
@@ -149,7 +151,8 @@ TEST_CASE("make_workspace: across nodes, a failed multicast setup is an error (t
 TEST_CASE("make_workspace: multi-node topologies", "[any]") {
   std::vector<std::string> errors;
   SECTION("multicast with fabric handles across 2 nodes: mnnvl") {
-    const auto out = make_and_run(8, Backend::Auto, [](int r) { return group(8, r, 2, true, true); }, same_options, errors);
+    const auto out =
+        make_and_run(8, Backend::Auto, [](int r) { return group(8, r, 2, true, true); }, same_options, errors);
     require_no_errors(errors);
     for (const auto& o : out) CHECK(o.backend == Backend::Mnnvl);
   }
@@ -160,9 +163,8 @@ TEST_CASE("make_workspace: multi-node topologies", "[any]") {
   }
   SECTION("explicit trtllm across nodes is rejected on every rank before anything is allocated") {
     errors = run_ranks(4, [](int rank, fiar::InProcessBootstrap& boot) {
-      auto ws = fiar::make_workspace<float, fiar::HostPlatform>(boot, group(4, rank, 2, false),
-                                                                {.max_token_num = 4, .hidden_dim = 8}, Backend::Trtllm,
-                                                                kGrid);
+      auto ws = fiar::make_workspace<float, fiar::HostPlatform>(
+          boot, group(4, rank, 2, false), {.max_token_num = 4, .hidden_dim = 8}, Backend::Trtllm, kGrid);
     });
     for (const auto& e : errors) {
       CHECK(e.find("trtllm") != std::string::npos);
@@ -212,8 +214,8 @@ TEST_CASE("WorkspacePool: one workspace serves several purposes when backend, ty
     const fiar::WorkspaceConfig big{.max_token_num = 64, .hidden_dim = 256};
     auto& plain = pool.acquire<__nv_bfloat16>("allreduce", big);
     auto& quant = pool.acquire<__nv_bfloat16>("quantized patterns", {.max_token_num = 32, .hidden_dim = 256});
-    shared[static_cast<std::size_t>(rank)] = (&plain == &quant) && pool.size() == 1 &&
-                                             pool.sharing_with("quantized patterns").size() == 2;
+    shared[static_cast<std::size_t>(rank)] =
+        (&plain == &quant) && pool.size() == 1 && pool.sharing_with("quantized patterns").size() == 2;
     // Each of these needs its own workspace.
     auto& other_type = pool.acquire<float>("float", big);
     auto& other_hidden = pool.acquire<__nv_bfloat16>("draft model", {.max_token_num = 64, .hidden_dim = 512});
@@ -265,7 +267,8 @@ TEST_CASE("config_can_serve: the pool's capacity rule", "[pool]") {
   CHECK_FALSE(fiar::config_can_serve(have, {.max_token_num = 8, .hidden_dim = 2048}));
   CHECK_FALSE(fiar::config_can_serve(have, {.max_token_num = 8, .hidden_dim = 4096, .oneshot_at_max_tokens = true}));
   CHECK_FALSE(fiar::config_can_serve(have, {.max_token_num = 8, .hidden_dim = 4096, .oneshot_max_bytes = 4096}));
-  CHECK_FALSE(fiar::config_can_serve(have, {.max_token_num = 8, .hidden_dim = 4096, .timeout = std::chrono::seconds(5)}));
+  CHECK_FALSE(
+      fiar::config_can_serve(have, {.max_token_num = 8, .hidden_dim = 4096, .timeout = std::chrono::seconds(5)}));
 }
 
 TEST_CASE("log sink: replaceable, restorable, and a throwing sink does not fail the caller", "[any]") {
@@ -296,8 +299,10 @@ TEST_CASE("make_workspace and WorkspacePool: one rank's bad argument fails every
     fiar::Topology topo = group(world, rank, 1, false);
     Backend requested = Backend::Auto;
     if (rank == 2) {
-      if (bad_rank) topo.rank = 5;
-      else requested = static_cast<Backend>(9);
+      if (bad_rank)
+        topo.rank = 5;
+      else
+        requested = static_cast<Backend>(9);
     }
     try {
       if (pool) {

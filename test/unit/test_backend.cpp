@@ -55,10 +55,18 @@ TEST_CASE("to_string names every backend", "[backend]") {
 
 TEST_CASE("parse_backend accepts the four names in any ASCII case, whitespace ignored", "[backend]") {
   const auto [text, expected] = GENERATE(table<const char*, Backend>({
-      {"auto", Backend::Auto},       {"trtllm", Backend::Trtllm},    {"mnnvl", Backend::Mnnvl},
-      {"nccl", Backend::Nccl},       {"AUTO", Backend::Auto},        {"TrtLLM", Backend::Trtllm},
-      {"MNNVL", Backend::Mnnvl},     {"nCcL", Backend::Nccl},        {"  trtllm", Backend::Trtllm},
-      {"mnnvl \t\n", Backend::Mnnvl}, {"\r\f\vNccl\v ", Backend::Nccl}, {" Auto ", Backend::Auto},
+      {"auto", Backend::Auto},
+      {"trtllm", Backend::Trtllm},
+      {"mnnvl", Backend::Mnnvl},
+      {"nccl", Backend::Nccl},
+      {"AUTO", Backend::Auto},
+      {"TrtLLM", Backend::Trtllm},
+      {"MNNVL", Backend::Mnnvl},
+      {"nCcL", Backend::Nccl},
+      {"  trtllm", Backend::Trtllm},
+      {"mnnvl \t\n", Backend::Mnnvl},
+      {"\r\f\vNccl\v ", Backend::Nccl},
+      {" Auto ", Backend::Auto},
   }));
   CAPTURE(text);
   CHECK(fiar::parse_backend(text) == expected);
@@ -102,8 +110,8 @@ TEST_CASE("backend_from_env: unset or empty means auto", "[env]") {
 }
 
 TEST_CASE("backend_from_env reads each backend name", "[env]") {
-  const auto [text, expected] = GENERATE(table<const char*, Backend>({
-      {"auto", Backend::Auto}, {"trtllm", Backend::Trtllm}, {"MNNVL", Backend::Mnnvl}, {" nccl\n", Backend::Nccl}}));
+  const auto [text, expected] = GENERATE(table<const char*, Backend>(
+      {{"auto", Backend::Auto}, {"trtllm", Backend::Trtllm}, {"MNNVL", Backend::Mnnvl}, {" nccl\n", Backend::Nccl}}));
   ScopedEnv env(fiar::backend_env_var, text);
   CHECK(fiar::backend_from_env() == expected);
 }

@@ -120,7 +120,8 @@ TEST_CASE("multicast and fabric handles are voted: one rank without them removes
     CHECK_FALSE(out[0].report.topology.multicast_supported);
     CHECK(out[0].report.topology.fabric_handles_supported);
     // All ranks still make the same choice.
-    for (const auto& o : out) CHECK(fiar::resolve_backend(fiar::Backend::Auto, o.report.topology).backend == fiar::Backend::Trtllm);
+    for (const auto& o : out)
+      CHECK(fiar::resolve_backend(fiar::Backend::Auto, o.report.topology).backend == fiar::Backend::Trtllm);
   }
   SECTION("fabric handles") {
     devs[static_cast<std::size_t>(odd_rank)].fabric_handles = false;
@@ -204,7 +205,8 @@ TEST_CASE("a rank without a usable device removes every capability and says why"
 }
 
 TEST_CASE("arch is the lowest among the ranks", "[discover]") {
-  std::vector<LocalDevice> devs = {gpu("a", 0, true, true, 100), gpu("a", 1, true, true, 90), gpu("a", 2, true, true, 103)};
+  std::vector<LocalDevice> devs = {gpu("a", 0, true, true, 100), gpu("a", 1, true, true, 90),
+                                   gpu("a", 2, true, true, 103)};
   const auto out = discover_all(devs);
   require_consistent(out);
   CHECK(out[0].report.topology.arch == 90);

@@ -53,8 +53,7 @@ constexpr float decode_e4m3(std::uint8_t b) {
   const int e = (b >> 3) & 0xf;
   const int m = b & 0x7;
   if (e == 15 && m == 7) return kNaN;
-  const float mag = e == 0 ? static_cast<float>(m) * pow2(-9)
-                           : (1.0f + static_cast<float>(m) / 8.0f) * pow2(e - 7);
+  const float mag = e == 0 ? static_cast<float>(m) * pow2(-9) : (1.0f + static_cast<float>(m) / 8.0f) * pow2(e - 7);
   return (b & 0x80) ? -mag : mag;
 }
 
@@ -84,7 +83,7 @@ template <std::size_t N>
 constexpr unsigned nearest_even(float a, const std::array<float, N>& mags) {
   if (a >= mags[N - 1]) return N - 1;
   const auto hi = static_cast<unsigned>(std::upper_bound(mags.begin(), mags.end(), a) - mags.begin());
-  const unsigned lo = hi - 1;  // mags[lo] <= a < mags[hi]
+  const unsigned lo = hi - 1;                                                                // mags[lo] <= a < mags[hi]
   const double mid = (static_cast<double>(mags[lo]) + static_cast<double>(mags[hi])) / 2.0;  // exact
   const double x = a;
   if (x < mid) return lo;
@@ -108,9 +107,7 @@ constexpr std::uint8_t encode_e2m1(float x) {
 
 constexpr bool is_nan_e4m3(std::uint8_t q) { return (q & 0x7f) == 0x7f; }
 /// Equal codes, or both NaN.
-constexpr bool same_e4m3(std::uint8_t a, std::uint8_t b) {
-  return a == b || (is_nan_e4m3(a) && is_nan_e4m3(b));
-}
+constexpr bool same_e4m3(std::uint8_t a, std::uint8_t b) { return a == b || (is_nan_e4m3(a) && is_nan_e4m3(b)); }
 
 }  // namespace ref
 
@@ -210,7 +207,7 @@ void check_adjacent_pairs(Check check, Mismatches& mm, const std::array<float, N
     check_both_signs(check, mm, std::nextafter(a, kInf), lo, sign_bit);
     check_both_signs(check, mm, std::nextafter(b, 0.0f), hi, sign_bit);
     for (int eighth = 1; eighth < 8; ++eighth) {
-      if (eighth == 4) continue;  // the midpoint
+      if (eighth == 4) continue;                                        // the midpoint
       const float x = a + (b - a) * static_cast<float>(eighth) / 8.0f;  // exact
       check_both_signs(check, mm, x, eighth < 4 ? lo : hi, sign_bit);
     }
@@ -220,11 +217,16 @@ void check_adjacent_pairs(Check check, Mismatches& mm, const std::array<float, N
 float from_bits(std::uint32_t b) { return std::bit_cast<float>(b); }
 
 const std::vector<float> kNaNs = {
-    std::numeric_limits<float>::quiet_NaN(),     -std::numeric_limits<float>::quiet_NaN(),
-    std::numeric_limits<float>::signaling_NaN(), from_bits(0x7f800001u),
-    from_bits(0xff800001u),                      from_bits(0x7fc00000u),
-    from_bits(0xffc00000u),                      from_bits(0x7fffffffu),
-    from_bits(0xffffffffu),                      from_bits(0x7fa5a5a5u),
+    std::numeric_limits<float>::quiet_NaN(),
+    -std::numeric_limits<float>::quiet_NaN(),
+    std::numeric_limits<float>::signaling_NaN(),
+    from_bits(0x7f800001u),
+    from_bits(0xff800001u),
+    from_bits(0x7fc00000u),
+    from_bits(0xffc00000u),
+    from_bits(0x7fffffffu),
+    from_bits(0xffffffffu),
+    from_bits(0x7fa5a5a5u),
 };
 
 }  // namespace
@@ -235,16 +237,16 @@ TEST_CASE("quant: the reference encodes hand-computed roundings", "[quant]") {
   // e4m3: ties to even around subnormals, across the subnormal/normal boundary, in the normal range, at max.
   STATIC_REQUIRE(ref::encode_e4m3(0.0f) == 0x00);
   STATIC_REQUIRE(ref::encode_e4m3(-0.0f) == 0x80);
-  STATIC_REQUIRE(ref::encode_e4m3(ref::pow2(-10)) == 0x00);             // half the smallest subnormal: tie -> 0
+  STATIC_REQUIRE(ref::encode_e4m3(ref::pow2(-10)) == 0x00);  // half the smallest subnormal: tie -> 0
   STATIC_REQUIRE(ref::encode_e4m3(ref::pow2(-11)) == 0x00);
   STATIC_REQUIRE(ref::encode_e4m3(ref::pow2(-9)) == 0x01);
-  STATIC_REQUIRE(ref::encode_e4m3(3.0f * ref::pow2(-10)) == 0x02);      // 1.5 subnormal ulps: tie -> even 0x02
-  STATIC_REQUIRE(ref::encode_e4m3(15.0f * ref::pow2(-10)) == 0x08);     // 7.5 ulps: tie between 0x07 and 0x08
-  STATIC_REQUIRE(ref::encode_e4m3(17.0f) == 0x58);                      // between 16 (0x58) and 18 (0x59)
-  STATIC_REQUIRE(ref::encode_e4m3(19.0f) == 0x5a);                      // between 18 (0x59) and 20 (0x5a)
+  STATIC_REQUIRE(ref::encode_e4m3(3.0f * ref::pow2(-10)) == 0x02);   // 1.5 subnormal ulps: tie -> even 0x02
+  STATIC_REQUIRE(ref::encode_e4m3(15.0f * ref::pow2(-10)) == 0x08);  // 7.5 ulps: tie between 0x07 and 0x08
+  STATIC_REQUIRE(ref::encode_e4m3(17.0f) == 0x58);                   // between 16 (0x58) and 18 (0x59)
+  STATIC_REQUIRE(ref::encode_e4m3(19.0f) == 0x5a);                   // between 18 (0x59) and 20 (0x5a)
   STATIC_REQUIRE(ref::encode_e4m3(1.0f) == 0x38);
   STATIC_REQUIRE(ref::encode_e4m3(-448.0f) == 0xfe);
-  STATIC_REQUIRE(ref::encode_e4m3(464.0f) == 0x7e);                     // max + ulp/2: tie -> even 448
+  STATIC_REQUIRE(ref::encode_e4m3(464.0f) == 0x7e);  // max + ulp/2: tie -> even 448
   STATIC_REQUIRE(ref::encode_e4m3(1e30f) == 0x7e);
   STATIC_REQUIRE(ref::encode_e4m3(-std::numeric_limits<float>::infinity()) == 0xfe);
   STATIC_REQUIRE(ref::is_nan_e4m3(ref::encode_e4m3(std::numeric_limits<float>::quiet_NaN())));
@@ -323,9 +325,9 @@ TEST_CASE("quant: e4m3 rounding, saturation and special values", "[quant]") {
     CHECK(mm.checked == 126 * 2 * 11);
   }
   SECTION("beyond the largest finite value: saturate to +-448, infinities included") {
-    for (float x : {std::nextafter(448.0f, kInf), 456.0f, std::nextafter(464.0f, 0.0f), 464.0f,
-                    std::nextafter(464.0f, kInf), 479.0f, 480.0f, 481.0f, 512.0f, 1000.0f, 65504.0f, 1e10f, 1e30f,
-                    FLT_MAX, kInf}) {
+    for (float x :
+         {std::nextafter(448.0f, kInf), 456.0f, std::nextafter(464.0f, 0.0f), 464.0f, std::nextafter(464.0f, kInf),
+          479.0f, 480.0f, 481.0f, 512.0f, 1000.0f, 65504.0f, 1e10f, 1e30f, FLT_MAX, kInf}) {
       check_both_signs(check_e4m3, mm, x, 0x7e, 0x80);
     }
     // Pinned: CUDA's satfinite conversion maps infinities to the largest finite value, not to NaN.

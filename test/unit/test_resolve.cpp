@@ -14,8 +14,8 @@ namespace {
 
 // The backend rules restated independently of fiar's implementation; nullopt = rejected.
 bool reference_malformed(const Topology& t) {
-  return t.world_size < 1 || t.rank < 0 || t.rank >= t.world_size || t.node_count < 1 ||
-         t.node_count > t.world_size || t.arch < 0;
+  return t.world_size < 1 || t.rank < 0 || t.rank >= t.world_size || t.node_count < 1 || t.node_count > t.world_size ||
+         t.arch < 0;
 }
 bool arch_ok(const Topology& t) { return t.arch == 0 || t.arch >= 90; }
 bool reference_trtllm_ok(const Topology& t) {
@@ -31,8 +31,7 @@ std::optional<Resolution> reference_resolve(Backend requested, const Topology& t
       return Resolution{Backend::Nccl, false};
     case Backend::Trtllm:
       return reference_trtllm_ok(t) ? std::optional(Resolution{Backend::Trtllm, false}) : std::nullopt;
-    case Backend::Mnnvl:
-      return reference_mnnvl_ok(t) ? std::optional(Resolution{Backend::Mnnvl, false}) : std::nullopt;
+    case Backend::Mnnvl: return reference_mnnvl_ok(t) ? std::optional(Resolution{Backend::Mnnvl, false}) : std::nullopt;
     case Backend::Nccl: return Resolution{Backend::Nccl, false};
   }
   return std::nullopt;

@@ -226,8 +226,10 @@ TEST_CASE("a bad FIAR_ALLREDUCE_BACKEND in one process fails every process at on
   ShmSegment segment(fiar_test::unique_shm_name("env"), world);
   const auto start = std::chrono::steady_clock::now();
   const auto status = run_processes({0, 1}, [&](int rank) {
-    if (rank == 1) ::setenv(fiar::backend_env_var, "nvls", 1);
-    else ::unsetenv(fiar::backend_env_var);
+    if (rank == 1)
+      ::setenv(fiar::backend_env_var, "nvls", 1);
+    else
+      ::unsetenv(fiar::backend_env_var);
     ShmBootstrap boot(segment.name(), rank, world, 20s);
     const fiar::Topology topo{.world_size = world, .rank = rank, .arch = 90};
     const fiar::WorkspaceConfig cfg{.max_token_num = 4, .hidden_dim = 8};

@@ -12,7 +12,9 @@ using fiar::Topology;
 namespace {
 
 // Reference: the number of distinct identities, through std::set.
-int reference_count(const std::vector<std::string>& ids) { return static_cast<int>(std::set(ids.begin(), ids.end()).size()); }
+int reference_count(const std::vector<std::string>& ids) {
+  return static_cast<int>(std::set(ids.begin(), ids.end()).size());
+}
 
 int count(const std::vector<std::string>& ids) {
   std::vector<std::string_view> views(ids.begin(), ids.end());
@@ -64,8 +66,13 @@ TEST_CASE("node_index_of_ranks numbers nodes in order of their lowest rank", "[t
 }
 
 TEST_CASE("to_string describes every field", "[topology]") {
-  const Topology t{.world_size = 16, .rank = 3, .node_count = 2, .multicast_supported = true,
-                   .fabric_handles_supported = true, .node_peer_access = false, .arch = 100};
+  const Topology t{.world_size = 16,
+                   .rank = 3,
+                   .node_count = 2,
+                   .multicast_supported = true,
+                   .fabric_handles_supported = true,
+                   .node_peer_access = false,
+                   .arch = 100};
   CHECK(fiar::to_string(t) ==
         "world_size 16, rank 3, 2 nodes, multicast yes, fabric handles yes, node peer access no, arch sm_100");
   CHECK(fiar::to_string(Topology{}) ==

@@ -11,6 +11,7 @@
 #include "../core/pattern.hpp"
 #include "../core/prelude.hpp"
 #include "../exec/context.hpp"
+#include "../exec/operation.hpp"
 #include "../exec/vec.hpp"
 #include "convert.hpp"
 #include "epilogue.hpp"
@@ -43,16 +44,10 @@ FIAR_HD void epilogue_pass(Ctx& ctx, const EpiloguePassParams<T>& p) {
 
 /// The operation of the epilogue pass: the grid of the Lamport kernels (one block per token).
 template <Pattern P, ReduceType T>
-struct EpiloguePass {
+struct EpiloguePass : exec::PerTokenOperation<EpiloguePassParams<T>, P, T> {
   using Params = EpiloguePassParams<T>;
-  using value_type = T;
-  static constexpr Pattern pattern = P;
   static constexpr const char* name = "epilogue pass";
-  static constexpr int max_threads = 1024;
   static constexpr int min_blocks_per_sm = 0;
-  static constexpr exec::LaunchShape shape(const Params& p, const exec::LaunchLimits& limits) {
-    return exec::per_token_shape(p.num_tokens, p.vecs_per_token, limits.max_blocks);
-  }
   FIAR_EXEC_CHECK_DISABLE
   template <class Ctx>
   FIAR_HD static void run(Ctx& ctx, const Params& p) {

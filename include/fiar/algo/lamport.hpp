@@ -14,6 +14,7 @@
 #include "../core/pattern.hpp"
 #include "../core/prelude.hpp"
 #include "../exec/context.hpp"
+#include "../exec/operation.hpp"
 #include "../exec/vec.hpp"
 #include "convert.hpp"
 #include "epilogue.hpp"
@@ -294,18 +295,12 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
 /// (per_token_shape), and run() the protocol over transport X. Backends derive their named operations from these
 /// (TrtllmOneShot, MnnvlTwoShot, ...), so that profiles show which backend ran.
 template <Transport X, Pattern P, ReduceType T>
-struct LamportOneShot {
+struct LamportOneShot : exec::PerTokenOperation<LamportParams<T>, P, T> {
   using Params = LamportParams<T>;
-  using value_type = T;
-  static constexpr Pattern pattern = P;
   static constexpr const char* name = "lamport one-shot";
-  static constexpr int max_threads = 1024;
   // The multicast kernels promise one resident block per SM: with ptxas's default heuristics the two-shot
   // half/bf16 kernel spilled on sm_90a (scripts/ctx-cost checks every kernel).
   static constexpr int min_blocks_per_sm = X == Transport::Multicast ? 1 : 0;
-  static constexpr exec::LaunchShape shape(const Params& p, const exec::LaunchLimits& limits) {
-    return exec::per_token_shape(p.num_tokens, p.vecs_per_token, limits.max_blocks);
-  }
   FIAR_EXEC_CHECK_DISABLE
   template <class Ctx>
   FIAR_HD static void run(Ctx& ctx, const Params& p) {

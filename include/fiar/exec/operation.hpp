@@ -38,5 +38,19 @@ concept Operation =
       Op::run(ctx, p);
     };
 
+/// What the one-block-per-token operations share (fiar's Lamport kernels and the epilogue pass): Params with
+/// num_tokens and vecs_per_token, 1024 threads at most, per_token_shape as their grid, on element type T for
+/// pattern P (named in launch errors).
+template <class ParamsT, auto P, class T>
+struct PerTokenOperation {
+  using Params = ParamsT;
+  using value_type = T;
+  static constexpr auto pattern = P;
+  static constexpr int max_threads = 1024;
+  static constexpr LaunchShape shape(const Params& p, const LaunchLimits& limits) {
+    return per_token_shape(p.num_tokens, p.vecs_per_token, limits.max_blocks);
+  }
+};
+
 }  // namespace exec
 FIAR_END_NAMESPACE

@@ -6,4 +6,5 @@ constexpr bool kPeers = true;
 #else
 constexpr bool kPeers = false;
 #endif
-constexpr auto kChoice = fiar::resolve_backend(fiar::Backend::Trtllm, fiar::Topology{.world_size = 8, .node_peer_access = kPeers});
+constexpr auto kChoice =
+    fiar::resolve_backend(fiar::Backend::Trtllm, fiar::Topology{.world_size = 8, .node_peer_access = kPeers});
