@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The {backend x element type} cases of the host-emulator tests, derived from fiar::BackendPolicies and the element
 // types fiar reduces, with what each case needs to run (its workspace type, topology and strategies); and
 // FIAR_CASE_TEST, which writes a property once and registers one Catch2 test case per case, tagged with the case's

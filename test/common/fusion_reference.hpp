@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The plain C++ reference of the fused epilogues (residual add + RMSNorm, static and dynamic FP8, NVFP4 with
 // swizzled and linear scales), shared by the host-emulator tests (test/unit/test_fusion.cpp, test_backends.cpp and
 // the backends' own) and the GPU tests (test/gpu/test_gpu_fusion.cpp): the caller runs a pattern on every rank,

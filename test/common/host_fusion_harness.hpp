@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-emulator harness for the fused patterns, shared by the backends' tests: runs a pattern once on every
 // rank and checks it against test/common/fusion_reference.hpp (test code only).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-emulator harness shared by the backends' tests (trtllm, mnnvl, nccl): ranks as threads, and
 // all-reduce sequences checked on every rank against the rank-order reference (test code only).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Independent references for the all-reduce tests: plain loops over plain arrays, no fiar code paths.
 #pragma once
 

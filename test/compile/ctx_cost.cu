@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Zero-cost check of DeviceCtx and the one kernel template (scripts/ctx-cost): fiar's all-reduce kernels, built from
 // algo/lamport.hpp through exec::kernel<Op> and DeviceCtx, next to the same one-shot protocol written directly
 // against threadIdx/blockIdx. ptxas -v must report no stack and no spills for fiar's kernels, and registers equal

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Expected-compile-failure tests.
 
   expect_fail.py --compiler NAME --source CASE -- CMD...

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A g++ translation unit that uses Workspace<TrtllmPolicy, T, CudaPlatform> through <fiar/fiar.hpp> only: it
 // links because instantiate_all.cu (nvcc, <fiar/fiar.cuh>) instantiates the kernels and CudaPlatform::launch.
 // Without a GPU, creation must fail on every rank with fiar::cuda_error; with one, a world-size-1 all-reduce

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compile suite: every public template instantiated (host code by g++, every kernel by nvcc for each configured
 // architecture in examples/kernels.cu), plus the constant-expression checks. Running it confirms they link and behave.
 #include <fiar/fiar.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Constant-expression checks of the public contract, compiled by g++ (unit suite) and by nvcc for every
 // architecture (compile suite). A failing check is a build failure.
 #pragma once

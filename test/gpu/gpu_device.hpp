@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA basics of the GPU tests, without Catch2 (gpu-ipc-rank, a plain program, uses them too): GPU_CHECK, device
 // memory and streams that free themselves, copies between host vectors and device memory, and what the visible
 // GPUs are (test code only). The Catch2 side (ranks as threads, shared checks) is gpu_support.hpp.

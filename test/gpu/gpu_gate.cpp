@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Linked into every GPU test binary: without a usable CUDA device the binary exits 77 (meson: SKIP)
 // before Catch2 runs. Catch2 v2 has no SKIP, and a test that silently returned would count as passed.
 #include <cuda_runtime_api.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the GPU tests share (test code only): their ranks as threads on GPUs with what each rank returned collected,
 // the in-place call sequences checked bit for bit against the rank-order reference (trtllm, mnnvl), and one fused
 // call on a rank with the tensors of the host tests (fusion, nccl, mnnvl). CUDA basics: gpu_device.hpp.

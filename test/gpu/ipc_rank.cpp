@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpu-ipc-rank: one rank of the multi-process GPU test (test_gpu_ipc.cpp starts one process per rank).
 // Ranks talk through a shared-memory ShmBootstrap, so CudaPlatform maps every peer's workspace with CUDA
 // IPC (other processes), whether the peers share this GPU or not. For float, half and bf16 in turn it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one kernel of the GPU tests that is not fiar's: plain multimem stores through a multicast mapping, to check
 // CudaPlatform::allocate_multicast apart from fiar's protocols (test_gpu_mnnvl.cpp).
 #include <cuda_runtime.h>

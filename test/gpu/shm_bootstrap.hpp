@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test-only: a fiar::Bootstrap whose ranks are separate processes on one machine, talking through a POSIX
 // shared-memory segment (shm_open + mmap). A parent creates the segment (ShmSegment) before it starts the
 // rank processes; each rank opens it by name (ShmBootstrap).

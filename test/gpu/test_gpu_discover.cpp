@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Discovery on real GPUs: one in-process rank per visible device (threads), checked against what the
 // CUDA runtime and driver report directly.
 #include <catch2/catch.hpp>

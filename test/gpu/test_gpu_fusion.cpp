@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fused epilogues on a real GPU: residual add + RMSNorm, static and dynamic FP8 and NVFP4 (sm_100+), run by
 // ranks that are threads of this process sharing device 0, each with its own non-blocking stream. Every
 // result goes through the same plain C++ reference as the host-emulator tests (test/unit/test_fusion.cpp,

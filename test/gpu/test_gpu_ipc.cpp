@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trtllm backend with one process per rank: CudaPlatform maps the peers' workspaces with CUDA IPC.
 // This test is the parent: it creates the shared-memory segment the ranks meet in, starts one gpu-ipc-rank
 // process per rank with posix_spawn (not fork: CUDA is already initialised here), waits for them within a

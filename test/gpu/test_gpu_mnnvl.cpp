@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The mnnvl backend on real GPUs: every visible GPU with NVLink multicast is one rank (a thread of this process),
 // the Lamport protocols run over one multicast object of the group, and every result is compared bit for bit with
 // the host rank-order reference (test/common/reference.hpp); the fused ResidualRmsNorm goes through the shared

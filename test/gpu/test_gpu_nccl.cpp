@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The nccl backend on real GPUs: one rank per visible GPU (threads of this process; NCCL cannot put two ranks
 // of one communicator on one GPU, so a single-GPU machine runs world size 1). Checked against the references
 // of the host tests: bit for bit where NCCL's summation order cannot matter (one rank), within the documented

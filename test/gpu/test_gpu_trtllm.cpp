@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trtllm backend on real GPUs: ranks are threads of this process, each with its own non-blocking stream.
 // Every result is compared bit for bit with the host rank-order reference (fp32 sum in rank order from +0,
 // rounded with the CUDA conversions, -0 reported as +0), and every rank must hold the same bits.

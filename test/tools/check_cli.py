@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """fiar-check behaviour: exit status and what it prints, for described and discovered topologies."""
 import os
 import re

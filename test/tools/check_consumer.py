@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A Meson consumer of fiar, built as the README says: fiar as a subproject, the dependency's cuda_gencode variable
 as the consumer's -gencode flags, a .cu file that includes <fiar/fiar.cuh>. It must configure, compile and run;
 without the flags it must fail at fiar's architecture #error (so the flags are what made it compile).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """fiar-demo on the host emulator: results verified, exit status 0 / 1 / 2 as documented."""
 import os
 import re

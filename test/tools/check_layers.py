@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The layering of include/fiar (docs/design.md, "Layers"): every header includes only headers of its own folder
 or of the folders below it, and every folder is a layer of the table.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // make_workspace / AnyWorkspace (the runtime choice every rank agrees on, the trtllm fallback of an automatic
 // mnnvl choice, explicit choices never replaced), WorkspacePool's sharing rules, and the log sink — all on
 // the host emulator, where multicast setup can be made to fail.

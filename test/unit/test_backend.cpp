@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Backend names, parse_backend, FIAR_ALLREDUCE_BACKEND, and the library version.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every backend must do, written once over the {backend x element type} cases of test/common/cases.hpp and
 // run on the host emulator: results bit-exact against the rank-order reference (test/common/reference.hpp) and the
 // fused reference (fusion_reference.hpp), special values, aliasing, one-shot == two-shot (Lamport backends), calls

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The in-process bootstrap: all-gather in rank order, barriers, bad arguments, and bounded waits.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Collective topology discovery: node counting, capability votes, peer access, overrides, no-GPU behaviour.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>

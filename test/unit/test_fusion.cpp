@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fused epilogues on the host emulator (trtllm): residual add + RMSNorm, static and dynamic FP8, NVFP4 (swizzled
 // and linear scales) at model hidden sizes, against the plain C++ reference of test/common/fusion_reference.hpp (fp64
 // where the kernel's reduction order is free). test/gpu/test_gpu_fusion.cpp runs the same checks on real GPUs; what

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What is particular to the mnnvl backend on the host emulator: the Lamport protocols over the emulated multicast
 // object (a store through the multicast view lands in every rank's region) at 32 and 64 ranks, beyond trtllm's 16,
 // long Auto sequences, every fused pattern up to 16 ranks, multicast traffic counted per protocol, creation failures

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What is particular to the nccl backend on the host emulator (a plain host reduction among the emulated ranks, then
 // the fused epilogue as a pass of its own): every fused pattern, NVFP4 row padding, a long call sequence, topologies
 // no other backend accepts, its sizing; and the CUDA workspace's behaviour on a machine without a GPU (or with one).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FP8 e4m3 / NVFP4 e2m1 conversions and NVFP4 scale layouts (fiar/algo/quant.hpp), checked over every
 // representable input, including saturation, NaN, +-0 and subnormals, against
 //   - an independent reference written here from the format definitions (no CUDA, no fiar), and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // resolve_backend, check_topology and the policy facts, against a reference written from the rules.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>

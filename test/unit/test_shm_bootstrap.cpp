@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared-memory bootstrap of the multi-process GPU test (test/gpu/shm_bootstrap.hpp), on the host:
 // ranks are fork()ed processes (no CUDA here), each reporting through its exit code.
 #include <fcntl.h>

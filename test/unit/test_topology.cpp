@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Topology defaults, node counting from per-rank identities, and the topology's description.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What is particular to the trtllm backend on the host emulator: buffer rotation and clearing over 300 calls, world
 // sizes 1 to 16 and the topologies it refuses, its strategy table and sizing. What every backend does (results,
 // aliasing, validation, creation, timeouts) is tested once for all in test_backends.cpp.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A Backend value cast from an integer outside the enumeration is rejected, not run as some backend.
 // expect: backend_value_out_of_range
 #include <fiar/fiar.hpp>

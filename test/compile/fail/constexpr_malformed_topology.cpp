@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A rank outside [0, world_size) is malformed, whatever the backend (here nccl, which accepts any shape).
 // expect: malformed_topology
 #include <fiar/fiar.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mnnvl without multicast support.
 // expect: backend_needs_multicast
 #include <fiar/fiar.hpp>

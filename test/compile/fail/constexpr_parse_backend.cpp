@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An unknown backend name in a constant expression.
 // expect: unknown_backend_name
 #include <fiar/fiar.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // trtllm on a two-node topology known at compile time.
 // expect: backend_cannot_span_nodes
 #include <fiar/fiar.hpp>

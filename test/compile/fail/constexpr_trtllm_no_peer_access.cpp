@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // trtllm on a node whose ranks cannot map each other's memory.
 // expect: backend_needs_peer_access
 #include <fiar/fiar.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // trtllm with a world size its kernels do not support, through check_topology.
 // expect: backend_world_size_unsupported
 #include <fiar/fiar.hpp>

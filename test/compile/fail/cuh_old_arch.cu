@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A consumer's nvcc translation unit built for nvcc's default architecture (sm_75): <fiar/fiar.cuh> refuses it with
 // the -gencode fix, where an unchecked build would get kernels that cannot wait for the work before them.
 // This case is compiled without fiar's -gencode flags (test/meson.build); its valid twin shows that the host part,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // policy_for_t on a malformed compile-time topology (node_count larger than world_size).
 // expect: malformed_topology
 #include <fiar/fiar.hpp>

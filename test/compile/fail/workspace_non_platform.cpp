@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Workspace<TrtllmPolicy, float, int>: int is not a Platform (it has none of what a workspace needs of one).
 // expect-g++: satisfaction of .Platform<Pf>. \[with Pf = int\]
 // expect-nvcc: constraint failed for "int"(.|\n)*Platform

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Workspace<SomeNonPolicy, float>: only fiar's policies satisfy AllreducePolicy.
 // expect-g++: satisfaction of .AllreducePolicy<P>. \[with P = SomeNonPolicy\]
 // expect-nvcc: constraint failed for "SomeNonPolicy"(.|\n)*AllreducePolicy

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Workspace<TrtllmPolicy, int>: int is not a ReduceType.
 // expect-g++: satisfaction of .ReduceType<T>. \[with T = int\]
 // expect-nvcc: constraint failed for "int"(.|\n)*ReduceType
