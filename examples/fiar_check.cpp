@@ -169,12 +169,20 @@ fiar::DiscoveryReport discovered_topology() {
 
 std::string why_chosen(fiar::Backend requested, const fiar::Resolution& res, const fiar::Topology& t) {
   if (requested != fiar::Backend::Auto) return "requested explicitly, and its rules accept this topology";
-  std::string why = "auto picks mnnvl when it can run, else trtllm when it can run, else nccl";
-  for (fiar::Backend b : {fiar::Backend::Mnnvl, fiar::Backend::Trtllm}) {
-    if (b == res.backend) break;
-    why += "; " + std::string(fiar::to_string(b)) + " cannot run: " + fiar::why_not(b, t);
-  }
-  return why;
+  // Auto's order is fiar::BackendPolicies: the first backend that can run (the last runs on any topology).
+  std::string order, rejected;
+  int index = 0;
+  bool reached = false;
+  fiar::find_first(fiar::BackendPolicies{}, [&](auto p) {
+    const fiar::Backend b = decltype(p)::type::backend;
+    const std::string name(fiar::to_string(b));
+    const bool last = ++index == fiar::BackendPolicies::size;
+    order += (order.empty() ? "auto picks " : ", else ") + name + (last ? "" : " when it can run");
+    reached = reached || b == res.backend;
+    if (!reached) rejected += "; " + name + " cannot run: " + fiar::why_not(b, t);
+    return false;
+  });
+  return order + rejected;
 }
 
 }  // namespace
@@ -227,11 +235,13 @@ int main(int argc, char** argv) {
   for (const auto& n : report.notes) std::printf("  note: %s\n", n.c_str());
   std::printf("requested backend: %s (%s)\n", std::string(fiar::to_string(requested)).c_str(), requested_from.c_str());
   std::printf("backends on this topology:\n");
-  for (fiar::Backend b : {fiar::Backend::Mnnvl, fiar::Backend::Trtllm, fiar::Backend::Nccl}) {
+  fiar::find_first(fiar::BackendPolicies{}, [&](auto p) {
+    const fiar::Backend b = decltype(p)::type::backend;
     const std::string why = fiar::why_not(b, t);
     std::printf("  %-7s %s\n", std::string(fiar::to_string(b)).c_str(),
                 why.empty() ? "can run" : ("cannot run: " + why).c_str());
-  }
+    return false;
+  });
   try {
     const fiar::Resolution res = fiar::resolve_backend(requested, t);
     std::printf("choice: %s\n  why: %s\n", std::string(fiar::to_string(res.backend)).c_str(),

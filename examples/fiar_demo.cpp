@@ -127,13 +127,18 @@ Options parse(int argc, char** argv, bool& help) {
                    : s == "twoshot" ? fiar::Strategy::TwoShot
                                     : fiar::Strategy::Auto;
     } else if (arg == "--pattern") {
-      const std::string p = parse_choice(arg, value, "allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8",
-                                         "residual_rmsnorm_fp8_dynamic", "residual_rmsnorm_nvfp4");
-      for (fiar::Pattern c :
-           {fiar::Pattern::AllReduce, fiar::Pattern::ResidualRmsNorm, fiar::Pattern::ResidualRmsNormFp8,
-            fiar::Pattern::ResidualRmsNormFp8Dynamic, fiar::Pattern::ResidualRmsNormNvfp4}) {
-        if (p == fiar::to_string(c)) o.pattern = c;
+      // Every pattern of fiar's table, by its name.
+      std::string list;
+      bool found = false;
+      for (int i = 0; fiar::is_valid(static_cast<fiar::Pattern>(i)); ++i) {
+        const auto c = static_cast<fiar::Pattern>(i);
+        list += (list.empty() ? "" : ", ") + std::string(fiar::to_string(c));
+        if (value == fiar::to_string(c)) {
+          o.pattern = c;
+          found = true;
+        }
       }
+      if (!found) throw UsageError(std::string(arg) + " " + fiar_cli::quoted(value) + ": expected one of " + list);
     } else {
       throw UsageError("unknown option " + fiar_cli::quoted(arg));
     }
@@ -353,8 +358,13 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
   res.fell_back = ws.fell_back();
   const std::size_t count = static_cast<std::size_t>(o.tokens) * o.hidden;
   const std::size_t bytes = count * sizeof(T);
-  constexpr bool fused = P != fiar::Pattern::AllReduce;
-  constexpr bool nvfp4 = P == fiar::Pattern::ResidualRmsNormNvfp4;
+  // Which tensors the call gets, from the pattern's row of fiar's table (every tensor it uses, optional ones too).
+  constexpr fiar::PatternTraits kTraits = fiar::pattern_traits(P);
+  auto used = [](fiar::FusedTensor t) {
+    return fiar::pattern_traits(P).use[static_cast<int>(t)] != fiar::TensorUse::Unused;
+  };
+  constexpr bool fused = kTraits.norm;
+  constexpr bool nvfp4 = kTraits.quant == fiar::Quant::Nvfp4;
   const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
   const std::size_t sf_bytes = fiar::algo::nvfp4_scale_bytes(o.tokens, o.hidden, fiar::ScaleLayout::Swizzled128x4);
   const float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;  // nvfp4 global scale, or the static fp8 scale
@@ -367,27 +377,23 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
   fiar::FusedArgs<T> a;
   a.num_tokens = o.tokens;
   a.in = static_cast<T*>(mem.alloc(bytes));
-  if constexpr (!fused) {
-    a.out = static_cast<T*>(mem.alloc(bytes));
-  } else {
-    a.residual_in = static_cast<T*>(mem.alloc(bytes));
-    a.residual_out = static_cast<T*>(mem.alloc(bytes));
+  a.eps = 1e-6f;
+  if (used(fiar::FusedTensor::Out)) a.out = static_cast<T*>(mem.alloc(bytes));
+  if (used(fiar::FusedTensor::ResidualIn)) a.residual_in = static_cast<T*>(mem.alloc(bytes));
+  if (used(fiar::FusedTensor::ResidualOut)) a.residual_out = static_cast<T*>(mem.alloc(bytes));
+  if (used(fiar::FusedTensor::Gamma)) {
     a.gamma = static_cast<T*>(mem.alloc(static_cast<std::size_t>(o.hidden) * sizeof(T)));
-    a.norm_out = static_cast<T*>(mem.alloc(bytes));
-    a.eps = 1e-6f;
     mem.upload(const_cast<T*>(a.gamma), gamma.data(), gamma.size() * sizeof(T));
   }
-  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8 || nvfp4) {
+  if (used(fiar::FusedTensor::NormOut)) a.norm_out = static_cast<T*>(mem.alloc(bytes));
+  if (used(fiar::FusedTensor::Scale)) {
     float* s = static_cast<float*>(mem.alloc(sizeof(float)));
     mem.upload(s, &scale, sizeof(float));
     a.scale = s;
   }
-  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8 || P == fiar::Pattern::ResidualRmsNormFp8Dynamic || nvfp4) {
-    a.quant_out = mem.alloc(quant_bytes);
-  }
-  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Dynamic)
-    a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
-  if constexpr (nvfp4) a.block_scale_out = mem.alloc(sf_bytes);
+  if (used(fiar::FusedTensor::QuantOut)) a.quant_out = mem.alloc(quant_bytes);
+  if (used(fiar::FusedTensor::ScaleOut)) a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
+  if (used(fiar::FusedTensor::BlockScaleOut)) a.block_scale_out = mem.alloc(sf_bytes);
   mem.sync();
   for (int it = 0; it < o.iterations; ++it) {
     for (std::size_t i = 0; i < count; ++i) {
@@ -432,18 +438,11 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
 template <class T, class Platform>
 RankResult run_pattern(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, const Options& o,
                        fiar::Backend requested, const typename Platform::Options& popts, Memory& mem) {
-  using fiar::Pattern;
-  switch (o.pattern) {
-    case Pattern::AllReduce: return run_rank<Pattern::AllReduce, T, Platform>(boot, topo, o, requested, popts, mem);
-    case Pattern::ResidualRmsNorm:
-      return run_rank<Pattern::ResidualRmsNorm, T, Platform>(boot, topo, o, requested, popts, mem);
-    case Pattern::ResidualRmsNormFp8:
-      return run_rank<Pattern::ResidualRmsNormFp8, T, Platform>(boot, topo, o, requested, popts, mem);
-    case Pattern::ResidualRmsNormFp8Dynamic:
-      return run_rank<Pattern::ResidualRmsNormFp8Dynamic, T, Platform>(boot, topo, o, requested, popts, mem);
-    case Pattern::ResidualRmsNormNvfp4:
-      return run_rank<Pattern::ResidualRmsNormNvfp4, T, Platform>(boot, topo, o, requested, popts, mem);
-  }
+  // One instantiation per pattern of fiar's table.
+#define FIAR_DEMO_PATTERN_CASE(Unused, P) \
+  case fiar::Pattern::P: return run_rank<fiar::Pattern::P, T, Platform>(boot, topo, o, requested, popts, mem);
+  switch (o.pattern) { FIAR_FOR_EACH_PATTERN(FIAR_DEMO_PATTERN_CASE, ) }
+#undef FIAR_DEMO_PATTERN_CASE
   throw std::logic_error("unknown pattern");
 }
 
