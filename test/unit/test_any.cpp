@@ -326,3 +326,18 @@ TEST_CASE("make_workspace and WorkspacePool: one rank's bad argument fails every
     if (r != 2) CHECK(errors[static_cast<std::size_t>(r)].find("failed on rank 2") != std::string::npos);
   }
 }
+
+// A malformed topology is rejected by every backend's workspace before anything is sized from it (world_size 0 would
+// divide by zero in the Lamport sizing).
+TEST_CASE("Workspace: a malformed topology is an invalid_argument on every backend, before any sizing", "[any]") {
+  const fiar::WorkspaceConfig cfg{.max_token_num = 4, .hidden_dim = 8};
+  fiar::find_first(fiar::BackendPolicies{}, [&](auto p) {
+    using Policy = typename decltype(p)::type;
+    CAPTURE(fiar::to_string(Policy::backend));
+    auto errors = run_ranks(1, [&](int, fiar::InProcessBootstrap& boot) {
+      fiar::Workspace<Policy, float, fiar::HostPlatform> ws(boot, fiar::Topology{.world_size = 0}, cfg, kGrid);
+    });
+    CHECK(errors[0].find("malformed topology: world_size = 0") != std::string::npos);
+    return false;
+  });
+}

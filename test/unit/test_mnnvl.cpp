@@ -4,6 +4,7 @@
 // long Auto sequences, every fused pattern up to 16 ranks, multicast traffic counted per protocol, creation failures
 // when multicast is missing, its strategy table. What every backend does is tested once for all in
 // test_backends.cpp.
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>
 
@@ -159,4 +160,43 @@ TEST_CASE("mnnvl: strategy table and capacity", "[mnnvl]") {
     FIAR_ENSURE(!(ws.is_buffer_size_sufficient(65)));
   });
   require_no_errors(errors);
+}
+
+// CudaPlatform::allocate_multicast's plan, from the probes every rank publishes (host code: no driver call): which
+// ranks share a process (handles shared directly), which run on other nodes (fabric handles needed), and that a
+// multicast team has one rank per GPU. The probe says where its rank runs before anything else is probed.
+TEST_CASE("mnnvl: the multicast setup plans processes and nodes from every rank's probe", "[mnnvl]") {
+  const auto mine = fiar::detail::MulticastProbe::of_this_process();
+  CHECK(mine.pid == static_cast<std::int64_t>(::getpid()));
+  CHECK(mine.boot != 0);  // this kernel's boot id, hashed
+  auto probe = [&](std::int64_t pid, std::uint64_t boot, const char* bus, int fabric) {
+    fiar::detail::MulticastProbe p = mine;
+    p.pid = pid;
+    p.boot = boot;
+    p.bytes = 1 << 20;
+    p.granularity[0] = p.granularity[1] = 2 << 20;
+    p.fabric = fabric;
+    fiar::detail::copy_text(p.pci_bus_id, bus);
+    return p;
+  };
+  auto plan = [](std::vector<fiar::detail::MulticastProbe> probes) {
+    fiar::detail::MulticastResources owned;
+    fiar::detail::MulticastSetup setup(owned, 0, static_cast<int>(probes.size()), std::chrono::seconds(1));
+    setup.plan(probes);
+    return std::pair{setup.uses_fabric(), setup.size()};
+  };
+  // One process, two GPUs: no handle leaves the process.
+  CHECK(plan({probe(1, 7, "0000:01:00.0", 1), probe(1, 7, "0000:02:00.0", 1)}) ==
+        std::pair{false, std::size_t{2 << 20}});
+  // Two processes on one node whose ranks all have fabric handles: fabric handles through the bootstrap.
+  CHECK(plan({probe(1, 7, "0000:01:00.0", 1), probe(2, 7, "0000:02:00.0", 1)}).first);
+  // Two processes on one node without them: POSIX file descriptors.
+  CHECK_FALSE(plan({probe(1, 7, "0000:01:00.0", 0), probe(2, 7, "0000:02:00.0", 1)}).first);
+  // Two nodes (other kernels) with equal bus ids are two GPUs, and need fabric handles.
+  CHECK(plan({probe(1, 7, "0000:01:00.0", 1), probe(1, 8, "0000:01:00.0", 1)}).first);
+  CHECK_THROWS_WITH(plan({probe(1, 7, "0000:01:00.0", 1), probe(1, 8, "0000:01:00.0", 0)}),
+                    Catch::Contains("the group spans nodes"));
+  // Two ranks of one node on one GPU.
+  CHECK_THROWS_WITH(plan({probe(1, 7, "0000:01:00.0", 0), probe(2, 7, "0000:01:00.0", 0)}),
+                    Catch::Contains("both run on GPU 0000:01:00.0"));
 }

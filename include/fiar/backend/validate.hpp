@@ -60,9 +60,10 @@ std::string topology_error(const Topology& topo) {
 }
 
 // This rank's objection to creating a workspace of Policy over `boot` ("" when none): the topology, its match with
-// the bootstrap, then `config_error` (the backend's checks of the configuration).
-template <class Policy, Bootstrap B>
-std::string local_creation_error(const Topology& topo, B& boot, const std::string& config_error) {
+// the bootstrap, then config_error() (the backend's checks of the configuration, which may size buffers from the
+// topology: called only when the topology passed).
+template <class Policy, Bootstrap B, class ConfigError>
+std::string local_creation_error(const Topology& topo, B& boot, ConfigError&& config_error) {
   if (std::string e = topology_error<Policy>(topo); !e.empty()) return e;
   if (topo.world_size != boot.size() || topo.rank != boot.rank()) {
     return "fiar: the topology says world_size " + std::to_string(topo.world_size) + ", rank " +
@@ -70,7 +71,7 @@ std::string local_creation_error(const Topology& topo, B& boot, const std::strin
            std::to_string(boot.rank()) +
            ". Fix: discover the topology over the same bootstrap (discover_topology(boot)).";
   }
-  return config_error;
+  return config_error();
 }
 
 // "fiar: <pattern> on rank <rank>: ", the start of every message about a call.

@@ -14,6 +14,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -90,14 +91,15 @@ struct CreationRecord {
   }
 };
 
-/// Collective: every rank checks the topology, its match with the bootstrap and the configuration (`config_error`,
-/// then `creation_error`, both "" when fine), then all agree: either every rank returns the agreed extras, or every
-/// rank throws the same std::invalid_argument (a rank's objection, or configurations that differ).
-template <class Policy, ReduceType T, Bootstrap B, class Extras>
-CreationExtras agree_on_creation(B& boot, const Topology& topo, const WorkspaceConfig& cfg,
-                                 const std::string& config_error, const std::string& creation_error, Extras&& extras) {
+/// Collective: every rank checks the topology, its match with the bootstrap and the configuration (config_error(),
+/// then creation_error(), both "" when fine; each called only when what comes before passed), then all agree: either
+/// every rank returns the agreed extras, or every rank throws the same std::invalid_argument (a rank's objection, or
+/// configurations that differ).
+template <class Policy, ReduceType T, Bootstrap B, class ConfigError, class CreationError, class Extras>
+CreationExtras agree_on_creation(B& boot, const Topology& topo, const WorkspaceConfig& cfg, ConfigError&& config_error,
+                                 CreationError&& creation_error, Extras&& extras) {
   std::string error = local_creation_error<Policy>(topo, boot, config_error);
-  if (error.empty()) error = creation_error;
+  if (error.empty()) error = creation_error();
   const CreationExtras mine = error.empty() ? extras() : CreationExtras{};
   CreationRecord record{static_cast<std::uint32_t>(Policy::backend),
                         dtype_code<T>(),
@@ -211,8 +213,9 @@ class Workspace {
   /// when a rank does not arrive. nccl on CudaPlatform creates (and owns) an NCCL communicator.
   template <Bootstrap B>
   Workspace(B& boot, const Topology& topo, const WorkspaceConfig& cfg, const typename Pf::Options& options = {})
-      : impl_(detail::agree_on_creation<P, T>(boot, topo, cfg, Impl::config_error(topo, cfg), creation_error(),
-                                              [&] { return Impl::creation_extras(topo, cfg); }),
+      : impl_(detail::agree_on_creation<P, T>(
+                  boot, topo, cfg, [&] { return Impl::config_error(topo, cfg); }, [] { return creation_error(); },
+                  [&] { return Impl::creation_extras(topo, cfg); }),
               boot, topo, cfg, options) {}
 
   /// Collective: adopts `comm`, an initialized NCCL communicator of exactly this group (same size, same rank
@@ -222,13 +225,22 @@ class Workspace {
     requires kAdopts
   Workspace(B& boot, NcclComm comm, const Topology& topo, const WorkspaceConfig& cfg,
             const typename Pf::Options& options = {})
-      : impl_(detail::agree_on_creation<P, T>(boot, topo, cfg, Impl::config_error(topo, cfg),
-                                              Impl::adopt_error(comm, topo),
-                                              [&] { return Impl::creation_extras(topo, cfg); }),
+      : impl_(detail::agree_on_creation<P, T>(
+                  boot, topo, cfg, [&] { return Impl::config_error(topo, cfg); },
+                  [&] { return Impl::adopt_error(comm, topo); }, [&] { return Impl::creation_extras(topo, cfg); }),
               boot, comm, topo, cfg, options) {}
 
   Workspace(Workspace&&) noexcept = default;
-  Workspace& operator=(Workspace&&) noexcept = default;
+  /// Releases this workspace first, in the order its destructor does (nccl: the communicator before the memory it
+  /// may still use), then takes `other`'s; assigning a workspace to itself changes nothing.
+  Workspace& operator=(Workspace&& other) noexcept {
+    if (this != &other) {
+      std::destroy_at(&impl_);
+      std::construct_at(&impl_, std::move(other.impl_));
+    }
+    return *this;
+  }
+  ~Workspace() = default;
 
   /// Sums `in` over all ranks into `out` ([num_tokens, hidden_dim] each; out may equal in), on `stream`
   /// (CudaPlatform). Collective: every rank calls it with the same num_tokens and strategy, in the same order.

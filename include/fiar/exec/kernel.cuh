@@ -24,6 +24,9 @@
 #include "device_ctx.cuh"
 #include "operation.hpp"
 
+// Everything here is hidden: a shared object that includes fiar launches its own kernels through its own helpers,
+// never another object's (and keeps its own cache of the loaded image's architecture).
+#pragma GCC visibility push(hidden)
 FIAR_BEGIN_NAMESPACE
 namespace detail {
 // Waits until the previous kernel of the stream has finished (programmatic dependent launch): nothing of ours may
@@ -110,3 +113,4 @@ void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cu
 
 }  // namespace exec
 FIAR_END_NAMESPACE
+#pragma GCC visibility pop

@@ -47,6 +47,7 @@ concept Platform = std::move_constructible<P> &&
                      { p.allocate_shared(boot, n) } -> std::same_as<std::vector<std::uint32_t*>>;
                      { p.allocate_multicast(boot, n) } -> std::same_as<MulticastRegion>;
                      { p.allocate_local(n) } -> std::same_as<void*>;
+                     { p.allocate_local(n, "what") } -> std::same_as<void*>;
                      { p.allocate_host_visible(n) } -> std::same_as<void*>;
                      p.fill_words(words, n, std::uint32_t{0});
                      { P::read_word(words) } -> std::same_as<std::uint32_t>;

@@ -178,7 +178,7 @@ class CudaPlatform {
       });
     };
     // 1. Capabilities, granularities and where each rank runs; then the plan, which every rank derives alike.
-    detail::MulticastProbe probe{};
+    detail::MulticastProbe probe = detail::MulticastProbe::of_this_process();
     const auto probes = detail::agree(
         boot, init_.failed() ? init_ : step([&] { setup.probe(device_, pci_bus_id_, bytes, probe); }), probe, what);
     setup.plan(probes);

@@ -97,14 +97,25 @@ inline std::string handle_socket_name(std::uint64_t group, int rank) {
 struct MulticastProbe {
   std::int32_t device;
   std::int32_t fabric;  ///< 1 when this rank can create fabric-handle memory
-  std::int64_t pid;
-  std::uint64_t pid_namespace;
+  std::int64_t pid;     ///< which process and kernel the rank runs under (ProcessIdentity): the plan groups ranks
+  std::uint64_t pid_namespace;  ///< into processes (shared handles) and nodes (fabric handles needed) by them
   std::uint64_t boot;
   std::uint64_t group_id;        ///< rank 0's names the group
   std::uint64_t bytes;           ///< requested
   std::uint64_t granularity[2];  ///< [0] POSIX fd handles, [1] fabric handles (0: unusable)
   std::array<char, 32> pci_bus_id;
   std::array<char, 256> fabric_note;  ///< why fabric handles cannot be used ("" when they can)
+
+  /// A probe that says where this rank runs (process and kernel), before anything is probed: set even when the
+  /// probe step fails, because the plan of every rank reads every rank's identity.
+  static MulticastProbe of_this_process() {
+    MulticastProbe p{};
+    const ProcessIdentity id = this_process();
+    p.pid = id.pid;
+    p.pid_namespace = id.pid_namespace;
+    p.boot = id.boot;
+    return p;
+  }
 };
 
 /// What every rank publishes second: its handles (raw for its own process; fabric bytes for others).
@@ -475,7 +486,7 @@ class MulticastSetup {
     if (!use_fabric_) {
       for (int r = 0; r < world_; ++r) {
         if (process_of_[r] != process_of_[rank_]) try {
-            received[r] = receive_fds(handle_socket_name(group_, r), group_, r, r == 0 ? 2 : 1, deadline);
+            received[r] = receive_fds(handle_socket_name(group_, r), group_, r, rank_, r == 0 ? 2 : 1, deadline);
           } catch (const PosixError& e) {
             throw_handle_exchange_failure(e, timeout_);
           }

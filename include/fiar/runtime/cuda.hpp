@@ -113,8 +113,9 @@ struct OnDevice {
 inline cudaError_t free_device(void* p) { return cudaFree(p); }
 inline cudaError_t free_host(void* p) { return cudaFreeHost(p); }
 inline cudaError_t close_ipc(void* p) { return cudaIpcCloseMemHandle(p); }
-// Work still queued on the stream finishes on its own (cudaStreamDestroy does not wait); freeing memory waits for
-// the device (cudaFree synchronizes), so a handle's memory outlives the kernels that use it.
+// Work still queued on the stream finishes on its own (cudaStreamDestroy does not wait); cudaFree waits for the
+// device, but unmapping VMM memory (platform/cuda_vmm.hpp) does not: fiar's teardown contract (destroy a workspace
+// only after its last call finished on every rank) is what keeps memory alive while kernels use it.
 inline cudaError_t destroy_stream(CUstream_st* s) { return cudaStreamDestroy(s); }
 inline cudaError_t destroy_event(CUevent_st* e) { return cudaEventDestroy(e); }
 

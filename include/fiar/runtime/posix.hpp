@@ -215,13 +215,13 @@ inline void serve_fds(int listener, const std::string& name, std::uint64_t tag, 
   }
 }
 
-/// Connects to socket @name (retrying until it exists) and receives `expected` descriptors sent by rank `sender`
-/// with `tag`; throws PosixError (timed_out) when the deadline passes first.
-inline std::vector<UniqueFd> receive_fds(const std::string& name, std::uint64_t tag, int sender, std::size_t expected,
-                                         Deadline deadline) {
+/// Connects to socket @name (retrying until it exists) and receives, for rank `me`, `expected` descriptors sent by rank
+/// `sender` with `tag`; throws PosixError (timed_out) when the deadline passes first.
+inline std::vector<UniqueFd> receive_fds(const std::string& name, std::uint64_t tag, int sender, int me,
+                                         std::size_t expected, Deadline deadline) {
   const auto timed_out = [&](const char* stage) {
-    return PosixError("fiar: no descriptors arrived from rank " + std::to_string(sender) + " on the Unix socket @" +
-                          name + " before the deadline (" + stage + ")",
+    return PosixError("fiar: rank " + std::to_string(me) + " got no descriptors from rank " + std::to_string(sender) +
+                          " on the Unix socket @" + name + " before the deadline (" + stage + ")",
                       0, true);
   };
   sockaddr_un address{};
