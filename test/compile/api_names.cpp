@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+// The public names docs/api.md lists compile through <fiar/fiar.hpp> with their documented shapes (a g++ TU of the
+// unit tests; nothing here runs). A name that moves or changes its signature breaks this file, and the docs with it.
+#include <fiar/fiar.hpp>
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace fiar_api_names {
+
+using namespace fiar;
+
+// Backends, topology and the choice.
+static_assert(std::is_enum_v<Backend> && std::same_as<decltype(backend_env_var), const char* const>);
+static_assert(std::same_as<decltype(accepted_backend_names), const std::string_view>);
+static_assert(std::same_as<decltype(to_string(Backend::Auto)), std::string_view>);
+static_assert(parse_backend("nccl") == Backend::Nccl && is_valid(Backend::Mnnvl));
+static_assert(std::same_as<decltype(backend_from_env()), Backend>);
+static_assert(std::same_as<decltype(resolve_backend(Backend::Auto, Topology{})), Resolution>);
+static_assert(std::same_as<decltype(Resolution{}.allow_trtllm_fallback), bool>);
+static_assert(rejection_for(Backend::Trtllm, Topology{}) == Rejection::none);
+static_assert(rejection_for<NcclPolicy>(Topology{}) == Rejection::none);
+static_assert(can_run_on(Backend::Nccl, Topology{}) && best_alternative(Backend::Nccl, Topology{}) == Backend::Trtllm);
+static_assert(std::same_as<decltype(why_not(Backend::Mnnvl, Topology{})), std::string>);
+static_assert(std::same_as<policy_for_t<Topology{}>, TrtllmPolicy>);
+static_assert(std::same_as<policy_for_backend_t<Backend::Mnnvl>, MnnvlPolicy>);
+static_assert(AllreducePolicy<NcclPolicy> && ReduceType<__nv_bfloat16> && dtype_name<__half>() == "half");
+static_assert(std::same_as<decltype(&validate_topology), void (*)(const Topology&)>);
+static_assert(requires(const Topology& t) {
+  check_topology<TrtllmPolicy>(t);
+  { to_string(t) } -> std::same_as<std::string>;
+  { arch_name(90) } -> std::same_as<std::string>;
+  { node_index_of_ranks(std::span<const std::string_view>{}) } -> std::same_as<std::vector<int>>;
+  { count_nodes(std::span<const std::string_view>{}) } -> std::same_as<int>;
+});
+
+// Strategies, patterns, fusion.
+static_assert(to_string(Strategy::TwoShot) == "twoshot" && to_string(Pattern::ResidualRmsNorm) == std::string_view("residual_rmsnorm"));
+static_assert(default_oneshot_max_bytes(90, 8) == 512 * 1024 && default_oneshot_max_bytes(Backend::Mnnvl, 90, 8) == 131072);
+static_assert(choose_strategy(8, 16, 1 << 20, 1 << 19) == Strategy::TwoShot);
+static_assert(algo::nvfp4_scale_bytes(1, 64, ScaleLayout::Swizzled128x4) == 128 * 4);
+static_assert(algo::nvfp4_scale_offset(0, 1, 64, ScaleLayout::Linear) == 1 && algo::nvfp4_scale_cols(64) == 4);
+static_assert(algo::round_up(5, 4) == 8 && algo::kFp8Max == 448.0f && algo::kFp4Max == 6.0f && algo::kNvfp4Block == 16);
+static_assert(algo::fp8_dynamic_scale(448.0f) == 1.0f);
+static_assert(requires(float x, std::uint8_t q) {
+  { algo::to_fp8_e4m3(x) } -> std::same_as<std::uint8_t>;
+  { algo::from_fp8_e4m3(q) } -> std::same_as<float>;
+  { algo::to_fp4_e2m1(x) } -> std::same_as<std::uint8_t>;
+  { algo::from_fp4_e2m1(q) } -> std::same_as<float>;
+});
+static_assert(std::is_aggregate_v<WorkspaceConfig> && std::is_aggregate_v<FusedArgs<float>>);
+static_assert(std::same_as<decltype(FusedArgs<float>{}.layout), ScaleLayout>);
+static_assert(std::is_class_v<algo::EpilogueParams<float>> && std::is_class_v<algo::EpiloguePassParams<float>>);
+
+// Workspaces, the run-time choice, the pool.
+template <class W>
+concept DocumentedWorkspace = AllreduceWorkspace<W> && requires(W& w, const W& cw, const Topology& t,
+                                                                const WorkspaceConfig& c) {
+  typename W::policy_type;
+  { W::required_bytes(t, c) } -> std::same_as<std::size_t>;
+  { W::why_not(t, c) } -> std::same_as<std::string>;
+  { W::can_implement(t, c) } -> std::same_as<bool>;
+  { w.platform() } -> std::same_as<typename W::platform_type&>;
+};
+static_assert(DocumentedWorkspace<Workspace<TrtllmPolicy, float, HostPlatform>>);
+static_assert(DocumentedWorkspace<Workspace<MnnvlPolicy, __half, CudaPlatform>>);
+static_assert(DocumentedWorkspace<Workspace<NcclPolicy, __nv_bfloat16, CudaPlatform>>);
+static_assert(requires(const Workspace<TrtllmPolicy, float, HostPlatform>& w, const WorkspaceConfig& c) {
+  { w.oneshot_threshold() } -> std::same_as<std::size_t>;
+  { Workspace<TrtllmPolicy, float, HostPlatform>::buffer_words(8, 90, c) } -> std::same_as<std::size_t>;
+});
+static_assert(requires(const Workspace<NcclPolicy, float, CudaPlatform>& w) {
+  { w.comm() } -> std::same_as<NcclComm>;
+  { w.owns_comm() } -> std::same_as<bool>;
+});
+static_assert(std::constructible_from<Workspace<NcclPolicy, float, CudaPlatform>, InProcessBootstrap&, NcclComm,
+                                      const Topology&, const WorkspaceConfig&, const CudaPlatformOptions&>);
+static_assert(std::constructible_from<Workspace<TrtllmPolicy, float, HostPlatform>, InProcessBootstrap&,
+                                      const Topology&, const WorkspaceConfig&, const HostPlatformOptions&>);
+using Any = AnyWorkspace<float, HostPlatform>;
+static_assert(DocumentedWorkspace<Any::Trtllm> && std::same_as<Any::Nccl, Workspace<NcclPolicy, float, HostPlatform>>);
+static_assert(requires(Any& a, const Any& ca) {
+  { ca.backend() } -> std::same_as<Backend>;
+  { ca.resolution() } -> std::same_as<Resolution>;
+  { ca.fell_back() } -> std::same_as<bool>;
+  { a.template get_if<MnnvlPolicy>() } -> std::same_as<Any::Mnnvl*>;
+});
+static_assert(requires(InProcessBootstrap& b, const Topology& t, const WorkspaceConfig& c) {
+  { make_workspace<float, HostPlatform>(b, t, c) } -> std::same_as<Any>;
+  { make_workspace<float, HostPlatform>(b, t, c, Backend::Auto, HostPlatformOptions{}) } -> std::same_as<Any>;
+  { make_workspace<float>(b, t, c, backend_from_env()) } -> std::same_as<AnyWorkspace<float, CudaPlatform>>;
+});
+static_assert(requires(WorkspacePool<HostPlatform>& p, const WorkspaceConfig& c) {
+  { p.template acquire<float>("purpose", c) } -> std::same_as<Any&>;
+  { p.template acquire<float>("purpose", c, Backend::Nccl) } -> std::same_as<Any&>;
+  { p.size() } -> std::same_as<std::size_t>;
+  { p.sharing_with("purpose") } -> std::same_as<std::vector<std::string>>;
+  p.clear();
+});
+static_assert(std::constructible_from<WorkspacePool<HostPlatform>, InProcessBootstrap&, const Topology&, Backend,
+                                      const HostPlatformOptions&>);
+static_assert(config_can_serve(WorkspaceConfig{.max_token_num = 2, .hidden_dim = 8},
+                               WorkspaceConfig{.max_token_num = 1, .hidden_dim = 8}));
+static_assert(Bootstrap<BootstrapRef> && Bootstrap<InProcessBootstrap>);
+
+// Platforms and the protocol layer.
+static_assert(Platform<HostPlatform> && Platform<CudaPlatform>);
+static_assert(std::same_as<CudaLaunchShape, exec::LaunchShape> && CudaPlatform::launch_shape(3, 64, 2).blocks == 2);
+static_assert(requires(CudaPlatform& p, const CudaPlatform& cp, HostPlatform& h, InProcessBootstrap& b) {
+  { p.allocate_multicast(b, 64) } -> std::same_as<algo::MulticastRegion>;
+  { cp.device() } -> std::same_as<int>;
+  { cp.sm_count() } -> std::same_as<int>;
+  { cp.ranks_on_gpu() } -> std::same_as<int>;
+  { cp.max_blocks() } -> std::same_as<int>;
+  { cp.pdl() } -> std::same_as<bool>;
+  { cp.options() } -> std::same_as<const CudaPlatformOptions&>;
+  { h.allocate_multicast(b, 64) } -> std::same_as<MulticastRegion>;
+  { h.multicast_stores() } -> std::same_as<std::uint32_t>;
+  { h.grid() } -> std::same_as<const algo::HostGrid&>;
+});
+static_assert(algo::kMaxRanks == 64 && algo::kLamportBuffers == 3 && algo::kErrorNone == 0 && algo::kErrorTimeout == 1);
+static_assert(std::is_enum_v<algo::Transport> && std::same_as<algo::MulticastView, exec::MulticastView>);
+static_assert(std::is_class_v<algo::LamportState> && std::is_class_v<algo::ErrorRecord> &&
+              std::is_class_v<algo::LamportParams<float>>);
+static_assert(algo::oneshot_words(2, 3, 4) == 96 && algo::twoshot_chunk(4, 9) == 3 && algo::twoshot_words(2, 2, 1) == 16);
+static_assert(requires(algo::HostCtx& ctx, const algo::LamportParams<float>& p, const algo::EpiloguePassParams<float>& e,
+                       const algo::EpilogueParams<float>& ep) {
+  algo::lamport_oneshot<Pattern::AllReduce, float>(ctx, p);
+  algo::lamport_twoshot<Pattern::AllReduce, float, algo::Transport::Multicast>(ctx, p);
+  algo::epilogue_pass<Pattern::ResidualRmsNorm, float>(ctx, e);
+  algo::finish_call_outputs<Pattern::ResidualRmsNormNvfp4, float>(ctx, ep, 1, 64);
+  { algo::SystemAtomics::load_acquire(static_cast<const std::uint32_t*>(nullptr)) } -> std::same_as<std::uint32_t>;
+});
+static_assert(exec::ExecutionContext<algo::HostCtx>);
+
+// Discovery, bootstraps, logging, errors, NCCL, version.
+static_assert(std::same_as<decltype(node_id_env_var), const char* const> && max_node_id_length == 127);
+static_assert(requires(InProcessBootstrap& b, const LocalDevice& d, const TopologyOverrides& o) {
+  { discover_topology(b) } -> std::same_as<Topology>;
+  { discover_topology(b, o) } -> std::same_as<Topology>;
+  { discover_topology_report(b, d, o) } -> std::same_as<DiscoveryReport>;
+  { probe_local_device() } -> std::same_as<LocalDevice>;
+  { default_node_id() } -> std::same_as<std::string>;
+  { all_gather_value(b, 1) } -> std::same_as<std::vector<int>>;
+});
+static_assert(std::same_as<decltype(set_log_sink(LogSink{})), LogSink> && to_string(LogLevel::Warning) == "warning");
+static_assert(requires { log(LogLevel::Info, "x"); });
+static_assert(std::derived_from<multicast_error, cuda_error> && std::derived_from<cuda_error, std::runtime_error> &&
+              std::derived_from<timeout_error, std::runtime_error>);
+static_assert(std::same_as<decltype(built_with_nccl), const bool> && std::same_as<NcclComm, ::ncclComm*>);
+#if FIAR_HAS_NCCL
+static_assert(Bootstrap<NcclBootstrap>);
+#endif
+static_assert(version_major == 0 && version_minor == 1 && std::string_view(version_string) == "0.1.0");
+
+}  // namespace fiar_api_names
