@@ -39,8 +39,10 @@ static_assert(requires(const Topology& t) {
 });
 
 // Strategies, patterns, fusion.
-static_assert(to_string(Strategy::TwoShot) == "twoshot" && to_string(Pattern::ResidualRmsNorm) == std::string_view("residual_rmsnorm"));
-static_assert(default_oneshot_max_bytes(90, 8) == 512 * 1024 && default_oneshot_max_bytes(Backend::Mnnvl, 90, 8) == 131072);
+static_assert(to_string(Strategy::TwoShot) == "twoshot" &&
+              to_string(Pattern::ResidualRmsNorm) == std::string_view("residual_rmsnorm"));
+static_assert(default_oneshot_max_bytes(90, 8) == 512 * 1024 &&
+              default_oneshot_max_bytes(Backend::Mnnvl, 90, 8) == 131072);
 static_assert(choose_strategy(8, 16, 1 << 20, 1 << 19) == Strategy::TwoShot);
 static_assert(algo::nvfp4_scale_bytes(1, 64, ScaleLayout::Swizzled128x4) == 128 * 4);
 static_assert(algo::nvfp4_scale_offset(0, 1, 64, ScaleLayout::Linear) == 1 && algo::nvfp4_scale_cols(64) == 4);
@@ -58,14 +60,14 @@ static_assert(std::is_class_v<algo::EpilogueParams<float>> && std::is_class_v<al
 
 // Workspaces, the run-time choice, the pool.
 template <class W>
-concept DocumentedWorkspace = AllreduceWorkspace<W> && requires(W& w, const W& cw, const Topology& t,
-                                                                const WorkspaceConfig& c) {
-  typename W::policy_type;
-  { W::required_bytes(t, c) } -> std::same_as<std::size_t>;
-  { W::why_not(t, c) } -> std::same_as<std::string>;
-  { W::can_implement(t, c) } -> std::same_as<bool>;
-  { w.platform() } -> std::same_as<typename W::platform_type&>;
-};
+concept DocumentedWorkspace =
+    AllreduceWorkspace<W> && requires(W& w, const W& cw, const Topology& t, const WorkspaceConfig& c) {
+      typename W::policy_type;
+      { W::required_bytes(t, c) } -> std::same_as<std::size_t>;
+      { W::why_not(t, c) } -> std::same_as<std::string>;
+      { W::can_implement(t, c) } -> std::same_as<bool>;
+      { w.platform() } -> std::same_as<typename W::platform_type&>;
+    };
 static_assert(DocumentedWorkspace<Workspace<TrtllmPolicy, float, HostPlatform>>);
 static_assert(DocumentedWorkspace<Workspace<MnnvlPolicy, __half, CudaPlatform>>);
 static_assert(DocumentedWorkspace<Workspace<NcclPolicy, __nv_bfloat16, CudaPlatform>>);
@@ -126,9 +128,10 @@ static_assert(algo::kMaxRanks == 64 && algo::kLamportBuffers == 3 && algo::kErro
 static_assert(std::is_enum_v<algo::Transport> && std::same_as<algo::MulticastView, exec::MulticastView>);
 static_assert(std::is_class_v<algo::LamportState> && std::is_class_v<algo::ErrorRecord> &&
               std::is_class_v<algo::LamportParams<float>>);
-static_assert(algo::oneshot_words(2, 3, 4) == 96 && algo::twoshot_chunk(4, 9) == 3 && algo::twoshot_words(2, 2, 1) == 16);
-static_assert(requires(algo::HostCtx& ctx, const algo::LamportParams<float>& p, const algo::EpiloguePassParams<float>& e,
-                       const algo::EpilogueParams<float>& ep) {
+static_assert(algo::oneshot_words(2, 3, 4) == 96 && algo::twoshot_chunk(4, 9) == 3 &&
+              algo::twoshot_words(2, 2, 1) == 16);
+static_assert(requires(algo::HostCtx& ctx, const algo::LamportParams<float>& p,
+                       const algo::EpiloguePassParams<float>& e, const algo::EpilogueParams<float>& ep) {
   algo::lamport_oneshot<Pattern::AllReduce, float>(ctx, p);
   algo::lamport_twoshot<Pattern::AllReduce, float, algo::Transport::Multicast>(ctx, p);
   algo::epilogue_pass<Pattern::ResidualRmsNorm, float>(ctx, e);
