@@ -341,3 +341,12 @@ TEST_CASE("Workspace: a malformed topology is an invalid_argument on every backe
     return false;
   });
 }
+
+TEST_CASE("why_not names a malformed topology instead of sizing buffers from it", "[any]") {
+  const fiar::WorkspaceConfig cfg{.max_token_num = 4, .hidden_dim = 8};
+  CHECK(fiar::Workspace<fiar::TrtllmPolicy, float, fiar::HostPlatform>::why_not(fiar::Topology{.world_size = 0}, cfg)
+            .find("malformed topology: world_size = 0") != std::string::npos);
+  CHECK(fiar::Workspace<fiar::MnnvlPolicy, float, fiar::HostPlatform>::why_not(
+            fiar::Topology{.world_size = 0, .multicast_supported = true}, cfg)
+            .find("malformed topology: world_size = 0") != std::string::npos);
+}

@@ -186,9 +186,8 @@ class Workspace {
   }
   /// "" when this backend can serve the configuration on the topology, else the error creation would throw.
   static std::string why_not(const Topology& topo, const WorkspaceConfig& cfg) {
-    if (!can_run_on(P::backend, topo)) {
-      if (std::string e = detail::topology_error<P>(topo); !e.empty()) return e;
-    }
+    // The topology first (check_topology validates it too): the configuration checks size buffers from it.
+    if (std::string e = detail::topology_error<P>(topo); !e.empty()) return e;
     return Impl::config_error(topo, cfg);
   }
   /// A well-formed topology and an empty why_not().

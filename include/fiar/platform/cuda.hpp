@@ -124,23 +124,21 @@ class CudaPlatform {
     mine.process = detail::this_process();
     mine.device = device_;
     detail::copy_text(mine.pci_bus_id, pci_bus_id_);
-    detail::StepOutcome outcome = init_;
-    if (!outcome.failed()) {
-      outcome = detail::attempt([&] {
-        require_ready();
-        void* block = allocate_zeroed(bytes, shared_, "the workspace",
-                                      "free GPU memory (nvidia-smi); lower max_token_num or hidden_dim to shrink the "
-                                      "workspace");
-        mine.pointer = reinterpret_cast<std::uintptr_t>(block);
-        // Only ranks in other processes need the handle; an export failure is theirs to report.
-        const cudaError_t exported = cudaIpcGetMemHandle(&mine.handle, block);
-        mine.handle_valid = exported == cudaSuccess ? 1 : 0;
-        if (exported != cudaSuccess) {
-          (void)cudaGetLastError();
-          detail::copy_text(mine.export_error, detail::cuda_failure_text("cudaIpcGetMemHandle", exported, ""));
-        }
-      });
-    }
+    // require_ready() raises the constructor's failure, which attempt() records as it was.
+    const detail::StepOutcome outcome = detail::attempt([&] {
+      require_ready();
+      void* block = allocate_zeroed(bytes, shared_, "the workspace",
+                                    "free GPU memory (nvidia-smi); lower max_token_num or hidden_dim to shrink the "
+                                    "workspace");
+      mine.pointer = reinterpret_cast<std::uintptr_t>(block);
+      // Only ranks in other processes need the handle; an export failure is theirs to report.
+      const cudaError_t exported = cudaIpcGetMemHandle(&mine.handle, block);
+      mine.handle_valid = exported == cudaSuccess ? 1 : 0;
+      if (exported != cudaSuccess) {
+        (void)cudaGetLastError();
+        detail::copy_text(mine.export_error, detail::cuda_failure_text("cudaIpcGetMemHandle", exported, ""));
+      }
+    });
     const auto all = detail::agree(boot, outcome, mine, "allocating the shared workspace");
 
     // Phase 2: map every peer's block here, then agree that every rank succeeded.
@@ -179,8 +177,8 @@ class CudaPlatform {
     };
     // 1. Capabilities, granularities and where each rank runs; then the plan, which every rank derives alike.
     detail::MulticastProbe probe = detail::MulticastProbe::of_this_process();
-    const auto probes = detail::agree(
-        boot, init_.failed() ? init_ : step([&] { setup.probe(device_, pci_bus_id_, bytes, probe); }), probe, what);
+    const auto probes =
+        detail::agree(boot, step([&] { setup.probe(device_, pci_bus_id_, bytes, probe); }), probe, what);
     setup.plan(probes);
     // 2. Memory on every rank, the multicast object on rank 0, exported for other processes.
     detail::MulticastExport exported{};
