@@ -35,8 +35,8 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
         cfg.max_token_num = s.tokens;
         cfg.hidden_dim = s.hidden;
         cfg.oneshot_at_max_tokens = true;
-        fiar::Workspace<Policy, T, fiar::HostPlatform> ws(boot, topo_of(s.world, r, arch), cfg,
-                                                          fiar::HostPlatformOptions{.blocks = 2, .lanes = 8});
+        fiar::Workspace<Policy, T, fiar::HostPlatform> ws(
+            boot, topo_of(s.world, r, arch), cfg, fiar::HostPlatformOptions{.blocks = 2, .lanes = 8, .cluster = 2});
         Outputs<T>& o = result[static_cast<std::size_t>(r)];
         std::vector<T> in = fiar_test::make_input<T>(count, r, 0, false);
         std::vector<T> residual = residual_of<T>(count, 0);

@@ -39,7 +39,7 @@ using fiar::Strategy;
 template <class T, class Policy = fiar::TrtllmPolicy>
 using HostWorkspace = fiar::Workspace<Policy, T, fiar::HostPlatform>;
 
-inline constexpr fiar::HostPlatformOptions kSmallGrid{.blocks = 2, .lanes = 4};
+inline constexpr fiar::HostPlatformOptions kSmallGrid{.blocks = 4, .lanes = 4, .cluster = 2};
 
 // One node with NVLink multicast (which trtllm ignores and mnnvl needs).
 inline fiar::Topology one_node(int world, int rank, int arch = 90) {

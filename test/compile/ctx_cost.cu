@@ -1,14 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Zero-cost check of DeviceCtx and the one kernel template (scripts/ctx-cost): fiar's all-reduce kernels, built from
-// algo/lamport.hpp through exec::kernel<Op> and DeviceCtx, next to the same one-shot protocol written directly
-// against threadIdx/blockIdx. ptxas -v must report no stack and no spills for fiar's kernels, and registers equal
-// (or within a few) of this one.
+// Resource check of every fiar kernel (scripts/ctx-cost): every operation x pattern x element type, built from algo/
+// through exec::kernel<Op> and DeviceCtx, the same instantiation header a program uses; next to it, the plain
+// one-shot protocol written directly against threadIdx/blockIdx (no digest, no clusters, one poll in flight), for
+// scale. ptxas -v must report no stack and no spills for any fiar kernel.
 #include <cuda/atomic>
 #include <cuda/ptx>
 
-// fiar's kernels of the plain all-reduce pattern, for every operation and element type (the same instantiation
-// header a program uses, restricted to one pattern).
-#define FIAR_INSTANTIATE_PATTERNS(X, ...) X(__VA_ARGS__, AllReduce)
+// Every fiar kernel: every operation, pattern and element type.
 #include <fiar/instantiate.cuh>
 
 namespace hand {
@@ -32,7 +30,8 @@ __device__ __forceinline__ void store_volatile(std::uint32_t* p, Vec16 v) {
                : "memory");
 }
 
-// The one-shot protocol of algo::lamport_oneshot, written out by hand: push, clear, poll + reduce, finish.
+// The one-shot protocol of algo::lamport_oneshot as it was before call digests, clusters and batched polls, written
+// out by hand: push, clear, poll + reduce, finish.
 template <fiar::ReduceType T>
 __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportParams<T> p) {
 #if __CUDA_ARCH__ >= 900

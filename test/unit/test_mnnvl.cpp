@@ -91,10 +91,11 @@ TEST_CASE("mnnvl: each value every rank needs goes out as one multicast store", 
   const int chunk = (tokens + world - 1) / world;
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
-    CHECK(after_oneshot[static_cast<std::size_t>(r)] == static_cast<std::uint32_t>(tokens * vecs));
+    // Each call also multicasts this rank's call digest once.
+    CHECK(after_oneshot[static_cast<std::size_t>(r)] == static_cast<std::uint32_t>(tokens * vecs + 1));
     const int owned = std::max(0, std::min(chunk, tokens - r * chunk));
     CHECK(after_twoshot[static_cast<std::size_t>(r)] - after_oneshot[static_cast<std::size_t>(r)] ==
-          static_cast<std::uint32_t>(owned * vecs));
+          static_cast<std::uint32_t>(owned * vecs + 1));
     CHECK(trtllm[static_cast<std::size_t>(r)] == 0u);
   }
 }

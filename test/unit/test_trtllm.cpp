@@ -82,12 +82,13 @@ TEST_CASE("strategy table and capacity", "[trtllm]") {
   STATIC_REQUIRE(fiar::choose_strategy(1, 100, 1 << 30, 0) == Strategy::OneShot);  // a single rank
   STATIC_REQUIRE(fiar::choose_strategy(8, 64, 1024, 1024) == Strategy::OneShot);
   STATIC_REQUIRE(fiar::choose_strategy(8, 64, 1025, 1024) == Strategy::TwoShot);
-  // required_bytes: three buffers of max(one-shot at the threshold, two-shot at max_token_num).
+  // required_bytes: three buffers, each a header of W call digests (16 bytes each) and room for max(one-shot at the
+  // threshold, two-shot at max_token_num).
   const fiar::WorkspaceConfig cfg{.max_token_num = 64, .hidden_dim = 7168};
   const fiar::Topology t8 = one_node(8, 0, 90);
   const std::size_t row = 7168 * 2;
   const std::size_t oneshot_tokens = std::min<std::size_t>(512 * 1024 / row, 64);  // 36
-  const std::size_t expect = 3 * std::max(8 * oneshot_tokens * row, (8 * 8 + 64) * row);
+  const std::size_t expect = 3 * (8 * 16 + std::max(8 * oneshot_tokens * row, (8 * 8 + 64) * row));
   CHECK(HostWorkspace<__nv_bfloat16>::required_bytes(t8, cfg) == expect);
   CHECK(HostWorkspace<__nv_bfloat16>::can_implement(t8, cfg));
   CHECK_FALSE(HostWorkspace<__nv_bfloat16>::can_implement(fiar::Topology{.world_size = 8, .node_count = 2}, cfg));

@@ -3,7 +3,8 @@
 // and FP8 / NVFP4 quantization that follow the all-reduce. Written once for every backend, driven by the pattern's
 // row of core/pattern.hpp (norm, quantization).
 // Contract: fp32 math with the rounding points listed in docs/design.md ("Fusion numerics"); a token is handled by
-// one block (block-wide sum/max from the context); outputs may alias inputs only as documented.
+// one cluster of blocks (exec::token_split; cluster-wide sum/max from the context); outputs may alias inputs only as
+// documented.
 #pragma once
 
 #include <cmath>
@@ -68,8 +69,9 @@ template <ReduceType T>
 struct Elems {
   T e[kElemsPerVec<T>];
 };
+// By value: a Vec16 in registers. (From a reference into global memory, the memcpy compiled to 16 byte loads.)
 template <ReduceType T>
-FIAR_HD inline Elems<T> unpack(const Vec16& v) {
+FIAR_HD inline Elems<T> unpack(Vec16 v) {
   Elems<T> out;
   memcpy(static_cast<void*>(out.e), &v, sizeof(v));
   return out;
@@ -90,7 +92,8 @@ FIAR_HD inline T norm_elem(T y, float s, float weight_bias, T g) {
 template <ReduceType T>
 FIAR_HD inline Elems<T> norm_vec(const Vec16& y, float s, const EpilogueParams<T>& e, int vec) {
   const Elems<T> yy = unpack<T>(y);
-  const Elems<T> g = unpack<T>(reinterpret_cast<const Vec16*>(e.gamma)[vec]);
+  const Vec16 gv = reinterpret_cast<const Vec16*>(e.gamma)[vec];
+  const Elems<T> g = unpack<T>(gv);
   Elems<T> n;
   FIAR_UNROLL
   for (int i = 0; i < kElemsPerVec<T>; ++i) n.e[i] = norm_elem<T>(yy.e[i], s, e.weight_bias, g.e[i]);
@@ -115,21 +118,28 @@ FIAR_HD inline void store_fp8(std::uint8_t* row, int vec, const std::uint8_t* q)
 }  // namespace detail
 
 /// Hands one reduced token to the pattern's epilogue. `fetch(v)` returns the token's reduced vector v (it
-/// may poll); it is called exactly once per vector, by the lane that owns it.
+/// may poll); it is called exactly once per vector, by the lane that owns it (exec::token_split: the token's vectors
+/// are spread over the blocks of one cluster). Every lane of the cluster calls it for the same token.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx, class Fetch>
 FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int token, int vecs_per_token, Fetch&& fetch) {
   using namespace detail;
   constexpr PatternTraits kTraits = pattern_traits(P);
   constexpr int kE = kElemsPerVec<T>;
+  const exec::TokenSplit split = exec::token_split(ctx);
+  const int first = split.first_vec, step = split.vec_step;
   if constexpr (!kTraits.norm) {
-    for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) store_row(out, token, vecs_per_token, v, fetch(v));
+    for (int v = first; v < vecs_per_token; v += step) store_row(out, token, vecs_per_token, v, fetch(v));
   } else {
-    // Residual add: y = T(sum + residual), the pre-norm output; sum of squares of the rounded y.
+    // Residual add: y = T(sum + residual), the pre-norm output; sum of squares of the rounded y. The residual is
+    // loaded before the sum is fetched (which may wait), and a lane that owns one vector keeps its y in registers.
+    const bool single = first < vecs_per_token && first + step >= vecs_per_token;
+    Vec16 kept{};
     float squares = 0.0f;
-    for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
+    for (int v = first; v < vecs_per_token; v += step) {
+      const Vec16 rv = load_row(e.residual_in, token, vecs_per_token, v);
       const Elems<T> a = unpack<T>(fetch(v));
-      const Elems<T> r = unpack<T>(load_row(e.residual_in, token, vecs_per_token, v));
+      const Elems<T> r = unpack<T>(rv);
       Elems<T> y;
       FIAR_UNROLL
       for (int i = 0; i < kE; ++i) {
@@ -137,16 +147,18 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
         const float f = to_float(y.e[i]);
         squares += f * f;
       }
-      store_row(e.residual_out, token, vecs_per_token, v, repack<T>(y));
+      kept = repack<T>(y);
+      store_row(e.residual_out, token, vecs_per_token, v, kept);
     }
+    auto y_of = [&](int v) { return single ? kept : load_row(e.residual_out, token, vecs_per_token, v); };
     const int hidden = vecs_per_token * kE;
-    const float s = 1.0f / sqrtf(ctx.sum(squares) / static_cast<float>(hidden) + e.eps);
+    const float s = 1.0f / sqrtf(ctx.cluster_sum(squares) / static_cast<float>(hidden) + e.eps);
 
     if constexpr (kTraits.quant == Quant::None || kTraits.quant == Quant::Fp8Static) {
       const float inv_scale = kTraits.quant == Quant::Fp8Static ? 1.0f / *e.scale : 0.0f;
       std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
-      for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
-        const Elems<T> n = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
+      for (int v = first; v < vecs_per_token; v += step) {
+        const Elems<T> n = norm_vec<T>(y_of(v), s, e, v);
         if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
         if constexpr (kTraits.quant == Quant::Fp8Static) {
           std::uint8_t q[kE];
@@ -157,22 +169,22 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
       }
     } else if constexpr (kTraits.quant == Quant::Fp8Dynamic) {
       float amax = 0.0f;
-      for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
-        const Elems<T> n = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
+      for (int v = first; v < vecs_per_token; v += step) {
+        const Elems<T> n = norm_vec<T>(y_of(v), s, e, v);
         if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
         FIAR_UNROLL
         for (int i = 0; i < kE; ++i) amax = fmaxf(amax, fabsf(to_float(n.e[i])));
       }
-      const float token_scale = fp8_dynamic_scale(ctx.max(amax));
+      const float token_scale = fp8_dynamic_scale(ctx.cluster_max(amax));
       std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
-      for (int v = ctx.lane(); v < vecs_per_token; v += ctx.lanes()) {
-        const Elems<T> n = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
+      for (int v = first; v < vecs_per_token; v += step) {
+        const Elems<T> n = norm_vec<T>(y_of(v), s, e, v);
         std::uint8_t q[kE];
         FIAR_UNROLL
         for (int i = 0; i < kE; ++i) q[i] = to_fp8_e4m3(to_float(n.e[i]) / token_scale);
         store_fp8<T>(qrow, v, q);
       }
-      if (ctx.lane() == 0) e.scale_out[token] = token_scale;
+      if (ctx.cluster_rank() == 0 && ctx.lane() == 0) e.scale_out[token] = token_scale;
     } else {
       static_assert(kTraits.quant == Quant::Nvfp4, "a pattern row names a quantization this epilogue has no math for");
       // One 16-element block = two vectors of 16-bit elements per lane. Float input is rejected on the
@@ -182,7 +194,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
         const int blocks16 = hidden / kNvfp4Block;
         const int padded = e.layout == ScaleLayout::Swizzled128x4 ? round_up(blocks16, 4) : blocks16;
         std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * (hidden / 2);
-        for (int u = ctx.lane(); u < padded; u += ctx.lanes()) {
+        for (int u = first; u < padded; u += step) {
           const std::size_t at = nvfp4_scale_offset(token, u, hidden, e.layout);
           if (u >= blocks16) {  // padding column of the swizzled layout
             e.block_scale_out[at] = 0;
@@ -200,7 +212,8 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
               amax = fmaxf(amax, fabsf(n[half * kE + i]));
             }
           }
-          const std::uint8_t sf = to_fp8_e4m3(global * amax / kFp4Max);
+          // FlashInfer's block scale: g x (amax x 1/6), the reciprocal a constant (docs/design.md, "NVFP4").
+          const std::uint8_t sf = to_fp8_e4m3(global * (amax * kInvFp4Max));
           const float sf_value = from_fp8_e4m3(sf);
           const float factor = sf_value == 0.0f ? 0.0f : global / sf_value;
           std::uint64_t packed = 0;
@@ -216,17 +229,39 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
   }
 }
 
-/// NVFP4 swizzled layout: zero the padding rows [num_tokens, round_up(num_tokens, 128)) of the scale
-/// tensor, spread over the grid (the padding columns of real rows are written with their row).
+/// NVFP4 swizzled layout: zero the padding rows [num_tokens, round_up(num_tokens, 128)) of the scale tensor, spread
+/// over every lane of the grid, 16 bytes at a time. In the last 128-row tile a 16-byte line holds rows m, m + 32,
+/// m + 64 and m + 96 of 4 columns: a line of padding rows only is one 16-byte store; a line that also holds real
+/// rows gets a 4-byte store per padding row (the real rows' bytes are written with their rows). The padding columns
+/// of real rows are written with their row.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void finish_call_outputs(Ctx& ctx, const EpilogueParams<T>& e, int num_tokens, int hidden) {
   if constexpr (pattern_traits(P).quant == Quant::Nvfp4) {
-    if (e.layout != ScaleLayout::Swizzled128x4) return;
-    const int cols = round_up(nvfp4_scale_cols(hidden), 4);
-    for (int m = num_tokens + ctx.block(); m < round_up(num_tokens, 128); m += ctx.blocks()) {
-      for (int k = ctx.lane(); k < cols; k += ctx.lanes())
-        e.block_scale_out[nvfp4_scale_offset(m, k, hidden, e.layout)] = 0;
+    if (e.layout != ScaleLayout::Swizzled128x4 || num_tokens % 128 == 0) return;
+    const int k_tiles = round_up(nvfp4_scale_cols(hidden), 4) / 4;
+    const int tile = num_tokens / 128;  // the last row tile, partly padding
+    const int real = num_tokens % 128;  // its real rows
+    std::uint8_t* base = e.block_scale_out + static_cast<std::size_t>(tile) * static_cast<std::size_t>(k_tiles) * 512;
+    const int lines = k_tiles * 32;
+    const int stride = ctx.blocks() * ctx.lanes();
+    // The tensor needs only byte alignment: an unaligned one is zeroed byte by byte (the same bytes).
+    const bool aligned = reinterpret_cast<std::uintptr_t>(base) % 16 == 0;
+    for (int i = ctx.block() * ctx.lanes() + ctx.lane(); i < lines; i += stride) {
+      std::uint8_t* line = base + static_cast<std::size_t>(i / 32) * 512 + static_cast<std::size_t>(i % 32) * 16;
+      const int row = i % 32;  // rows row, row + 32, row + 64, row + 96 of the tile
+      for (int q = row >= real ? 0 : 1; q < 4; ++q) {
+        if (row + 32 * q < real) continue;
+        if (aligned && q == 0) {  // every row of the line is padding
+          *reinterpret_cast<Vec16*>(line) = Vec16{0, 0, 0, 0};
+          break;
+        }
+        if (aligned) {
+          *reinterpret_cast<std::uint32_t*>(line + 4 * q) = 0u;
+        } else {
+          for (int b = 0; b < 4; ++b) line[4 * q + b] = 0;
+        }
+      }
     }
   }
 }

@@ -2,7 +2,7 @@
 // fiar/algo/epilogue_pass.hpp — the fused epilogue as a pass of its own, over a sum that is already reduced (the
 // nccl backend: ncclAllReduce first, then this pass), and the operation (EpiloguePass) that launches it.
 // Contract: the same per-token epilogue as the Lamport kernels (finish_token / finish_call_outputs), so the outputs
-// are those of the trtllm and mnnvl backends given the same sum; a token is handled by one block.
+// are those of the trtllm and mnnvl backends given the same sum; a token is handled by one cluster of blocks.
 #pragma once
 
 #include <cstddef>
@@ -29,25 +29,25 @@ struct EpiloguePassParams {
   EpilogueParams<T> epi;  ///< the fused outputs
 };
 
-/// Block-strided over the tokens: each token's reduced vectors are read from `sum` and handed to the pattern's
+/// Cluster-strided over the tokens: each token's reduced vectors are read from `sum` and handed to the pattern's
 /// epilogue (residual add, RMSNorm, FP8 / NVFP4 quantization); then the call-wide outputs (the padding rows of a
 /// swizzled NVFP4 scale tensor). Every lane of every block must call it.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void epilogue_pass(Ctx& ctx, const EpiloguePassParams<T>& p) {
-  for (int t = ctx.block(); t < p.num_tokens; t += ctx.blocks()) {
+  const exec::TokenSplit split = exec::token_split(ctx);
+  for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
     const Vec16* row = reinterpret_cast<const Vec16*>(p.sum) + static_cast<std::size_t>(t) * p.vecs_per_token;
     finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [row](int v) { return row[v]; });
   }
   finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 }
 
-/// The operation of the epilogue pass: the grid of the Lamport kernels (one block per token).
+/// The operation of the epilogue pass: the grid of the Lamport kernels (exec::spread_shape).
 template <Pattern P, ReduceType T>
 struct EpiloguePass : exec::PerTokenOperation<EpiloguePassParams<T>, P, T> {
   using Params = EpiloguePassParams<T>;
   static constexpr const char* name = "epilogue pass";
-  static constexpr int min_blocks_per_sm = 0;
   FIAR_EXEC_CHECK_DISABLE
   template <class Ctx>
   FIAR_HD static void run(Ctx& ctx, const Params& p) {

@@ -28,6 +28,8 @@ namespace algo {
 /// Largest finite e4m3 value, and e2m1's.
 inline constexpr float kFp8Max = 448.0f;
 inline constexpr float kFp4Max = 6.0f;
+/// 1 / 6 rounded to fp32, the factor FlashInfer's NVFP4 block scale multiplies by (instead of dividing by 6).
+inline constexpr float kInvFp4Max = 1.0f / 6.0f;
 /// Elements per NVFP4 block (one e4m3 scale each).
 inline constexpr int kNvfp4Block = 16;
 

@@ -55,8 +55,8 @@ class LamportWorkspace {
     const int oneshot_tokens = cfg.oneshot_at_max_tokens
                                    ? cfg.max_token_num
                                    : static_cast<int>(std::min<std::size_t>(auto_oneshot_tokens, cfg.max_token_num));
-    return std::max(algo::oneshot_words(world_size, std::max(oneshot_tokens, 1), vecs),
-                    algo::twoshot_words(world_size, cfg.max_token_num, vecs));
+    return algo::header_words(world_size) + std::max(algo::oneshot_words(world_size, std::max(oneshot_tokens, 1), vecs),
+                                                     algo::twoshot_words(world_size, cfg.max_token_num, vecs));
   }
 
   /// Bytes of rank-visible memory each rank allocates (three Lamport buffers).
@@ -121,7 +121,7 @@ class LamportWorkspace {
   [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s) const {
     if (num_tokens < 1 || num_tokens > cfg_.max_token_num || !is_valid(s)) return false;
     if (s == Strategy::Auto) s = strategy_for(num_tokens);
-    return words_for(s, num_tokens) <= buffer_words_;
+    return words_for(s, num_tokens) <= data_words();
   }
 
   /// Why a forced strategy cannot run a call of num_tokens tokens ("" when it can; Auto always fits).
@@ -129,7 +129,7 @@ class LamportWorkspace {
     if (s == Strategy::Auto || is_buffer_size_sufficient(num_tokens, s)) return "";
     return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) + " needs " +
            std::to_string(words_for(s, num_tokens) * 4) + " bytes per Lamport buffer; this workspace has " +
-           std::to_string(buffer_words_ * 4) +
+           std::to_string(data_words() * 4) +
            ". Fix: use Strategy::Auto, or create the workspace with oneshot_at_max_tokens.";
   }
 
@@ -153,6 +153,7 @@ class LamportWorkspace {
     p.error = error_.get();
     p.timeout_ns =
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.timeout).count());
+    p.verify = cfg_.verify_calls;
     p.epi = algo::epilogue_params(a);
     if (s == Strategy::TwoShot) {
       platform_.template launch<TwoShot<P, T>>(p, stream);
@@ -163,11 +164,20 @@ class LamportWorkspace {
     if constexpr (Pf::synchronous) check();
   }
 
-  /// Throws fiar::timeout_error if a kernel of this workspace gave up waiting (then every later call throws too: the
-  /// protocol state is lost; recreate the workspace on every rank).
+  /// Throws fiar::mismatch_error if a call of this workspace saw a peer's call digest differ from its own, and
+  /// fiar::timeout_error if a kernel gave up waiting (then every later call throws too: the protocol state is lost;
+  /// recreate the workspace on every rank).
   void check() const {
     if (!error_) throw std::logic_error(moved_from_text("workspace"));
-    if (Pf::read_word(&error_->code) == algo::kErrorNone) return;
+    const std::uint32_t code = Pf::read_word(&error_->code);
+    if (code == algo::kErrorNone) return;
+    if ((code & algo::kErrorMismatch) != 0) {
+      auto digest = [](const std::uint32_t* w) {
+        return CallDigestText{Pf::read_word(w), Pf::read_word(w + 1), Pf::read_word(w + 2), Pf::read_word(w + 3)};
+      };
+      throw mismatch_error(call_mismatch_text(kName, topo_.rank, digest(error_->mine),
+                                              static_cast<int>(Pf::read_word(&error_->peer)), digest(error_->theirs)));
+    }
     auto mask = [](const std::uint32_t* words) {
       return std::uint64_t{Pf::read_word(words)} | (std::uint64_t{Pf::read_word(words + 1)} << 32);
     };
@@ -187,6 +197,9 @@ class LamportWorkspace {
   static std::size_t threshold(const Topology& topo, const WorkspaceConfig& cfg) {
     return cfg.oneshot_max_bytes.value_or(default_oneshot_max_bytes(Policy::backend, topo.arch, topo.world_size));
   }
+  // Words of one buffer for data, after its header of call digests.
+  std::size_t data_words() const { return buffer_words_ - algo::header_words(topo_.world_size); }
+  // Data words of one call.
   std::size_t words_for(Strategy s, int num_tokens) const {
     const int vecs = vecs_per_token(cfg_.hidden_dim);
     return s == Strategy::TwoShot ? algo::twoshot_words(topo_.world_size, num_tokens, vecs)

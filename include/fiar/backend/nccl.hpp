@@ -151,7 +151,11 @@ class NcclWorkspace<T, HostPlatform> : public NcclWorkspaceBase<T, HostPlatform>
     const auto arrival = static_cast<std::uint32_t>(2 * call + 1);
 
     std::memcpy(data_of(this->topo_.rank), a.in, count * sizeof(T));
+    const CallDigestText mine{static_cast<std::uint32_t>(call & 0x7fffffffu), static_cast<std::uint32_t>(a.num_tokens),
+                              static_cast<std::uint32_t>(P), 0u};
+    publish_digest(mine);
     if (!arrive_and_wait(arrival, deadline, call, "waiting for the input of rank(s) ")) check();
+    if (this->cfg_.verify_calls) compare_digests(mine);
     T* sum = P == Pattern::AllReduce ? a.out : sum_.get();
     reduce(sum, count);
     // Nobody overwrites its block (next call) before every rank has read it.
@@ -160,18 +164,42 @@ class NcclWorkspace<T, HostPlatform> : public NcclWorkspaceBase<T, HostPlatform>
     this->last_strategy_ = Strategy::Auto;
   }
 
-  /// Throws fiar::timeout_error if a call of this workspace gave up waiting for a rank (then every later call throws
-  /// the same: recreate the workspace on every rank).
+  /// Throws fiar::mismatch_error if a call of this workspace found a rank's call digest different from its own, and
+  /// fiar::timeout_error if one gave up waiting for a rank (then every later call throws the same: recreate the
+  /// workspace on every rank).
   void check() const {
     if (!sum_) throw std::logic_error(moved_from_text("workspace"));
+    if (mismatch_) throw mismatch_error(failure_);
     if (!failure_.empty()) throw timeout_error(failure_);
   }
 
  private:
-  // Rank 0's block starts with one arrival word per rank; every block then holds one [max_token_num, hidden_dim]
-  // input, 64-byte aligned.
+  // Rank 0's block starts with one arrival word per rank; every block then holds its rank's call digest (4 words
+  // after the arrival words) and one [max_token_num, hidden_dim] input, 64-byte aligned.
   static std::size_t header_bytes(int world_size) {
-    return (static_cast<std::size_t>(world_size) * sizeof(std::uint32_t) + 63) / 64 * 64;
+    return (static_cast<std::size_t>(world_size + 4) * sizeof(std::uint32_t) + 63) / 64 * 64;
+  }
+  std::uint32_t* digest_of(int rank) const { return blocks_[static_cast<std::size_t>(rank)] + this->topo_.world_size; }
+  // Written before this rank's arrival (a release store), read by the peers after they saw it.
+  void publish_digest(const CallDigestText& d) const {
+    std::uint32_t* w = digest_of(this->topo_.rank);
+    const std::uint32_t words[4] = {d.call, d.num_tokens, d.pattern, d.strategy};
+    for (int i = 0; i < 4; ++i) exec::SystemAtomics::store_relaxed(w + i, words[i]);
+  }
+  // Every rank compares every digest after the first arrival, so all of them raise together on a mismatch (none
+  // waits at the second arrival) and none has reduced data from a different call.
+  void compare_digests(const CallDigestText& mine) {
+    for (int r = 0; r < this->topo_.world_size; ++r) {
+      const std::uint32_t* w = digest_of(r);
+      const CallDigestText theirs{exec::SystemAtomics::load_relaxed(w), exec::SystemAtomics::load_relaxed(w + 1),
+                                  exec::SystemAtomics::load_relaxed(w + 2), exec::SystemAtomics::load_relaxed(w + 3)};
+      if (theirs.call != mine.call || theirs.num_tokens != mine.num_tokens || theirs.pattern != mine.pattern ||
+          theirs.strategy != mine.strategy) {
+        failure_ = call_mismatch_text("nccl", this->topo_.rank, mine, r, theirs);
+        mismatch_ = true;
+        check();
+      }
+    }
   }
   static std::size_t block_bytes(int world_size, const WorkspaceConfig& cfg) {
     return header_bytes(world_size) + Base::activation_bytes(cfg);
@@ -230,6 +258,7 @@ class NcclWorkspace<T, HostPlatform> : public NcclWorkspaceBase<T, HostPlatform>
   Borrowed<T> sum_;  ///< [max_token_num, hidden_dim]: the reduced sum of a fused call; null once moved from
   std::uint64_t calls_ = 0;
   std::string failure_;
+  bool mismatch_ = false;
 };
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ struct ConfigDigest {
   std::int32_t hidden_dim = 0;
   std::uint32_t threshold_given = 0;
   std::uint32_t oneshot_at_max_tokens = 0;
+  std::uint32_t verify_calls = 0;
 
   static ConfigDigest of(const WorkspaceConfig& c) {
     return ConfigDigest{c.oneshot_max_bytes.value_or(0),
@@ -56,16 +57,18 @@ struct ConfigDigest {
                         c.max_token_num,
                         c.hidden_dim,
                         c.oneshot_max_bytes ? 1u : 0u,
-                        c.oneshot_at_max_tokens ? 1u : 0u};
+                        c.oneshot_at_max_tokens ? 1u : 0u,
+                        c.verify_calls ? 1u : 0u};
   }
   friend bool operator==(const ConfigDigest&, const ConfigDigest&) = default;
 
-  /// "max_token_num 16, hidden_dim 64, timeout 30000 ms, oneshot_max_bytes default, oneshot_at_max_tokens false".
+  /// "max_token_num 16, hidden_dim 64, timeout 30000 ms, oneshot_max_bytes default, oneshot_at_max_tokens false,
+  /// verify_calls true".
   [[nodiscard]] std::string describe() const {
     return "max_token_num " + std::to_string(max_token_num) + ", hidden_dim " + std::to_string(hidden_dim) +
            ", timeout " + std::to_string(timeout_ms) + " ms, oneshot_max_bytes " +
            (threshold_given ? std::to_string(oneshot_max_bytes) : std::string("default")) + ", oneshot_at_max_tokens " +
-           (oneshot_at_max_tokens ? "true" : "false");
+           (oneshot_at_max_tokens ? "true" : "false") + ", verify_calls " + (verify_calls ? "true" : "false");
   }
 };
 
@@ -137,6 +140,30 @@ inline std::string call_timeout_text(std::string_view backend, int rank, std::ch
          std::to_string(timeout.count()) + " ms " + waited + " (call " + std::to_string(call) +
          "): a rank crashed, hung, or launched a different sequence of collectives. Fix: find that rank's failure; "
          "the workspace is unusable now, so recreate it on every rank.";
+}
+
+/// A call digest as the error message shows it: call number, num_tokens, pattern, strategy (algo::CallDigest's
+/// words: the pattern as Pattern's value, the strategy 1 one-shot, 2 two-shot, 0 none of fiar's own).
+struct CallDigestText {
+  std::uint32_t call, num_tokens, pattern, strategy;
+  [[nodiscard]] std::string describe() const {
+    const auto pat = static_cast<Pattern>(pattern);
+    const std::string pattern_name =
+        is_valid(pat) ? std::string(to_string(pat)) : "pattern value " + std::to_string(pattern);
+    const char* strategy_name = strategy == 1 ? "oneshot" : strategy == 2 ? "twoshot" : "auto";
+    return "call " + std::to_string(call) + ", num_tokens " + std::to_string(num_tokens) + ", pattern " + pattern_name +
+           ", strategy " + strategy_name;
+  }
+};
+
+/// "fiar: <backend> all-reduce on rank <r> ... does not match rank <p>'s ...": ranks that made different calls.
+inline std::string call_mismatch_text(std::string_view backend, int rank, const CallDigestText& mine, int peer,
+                                      const CallDigestText& theirs) {
+  return "fiar: " + std::string(backend) + " all-reduce on rank " + std::to_string(rank) + " was called with {" +
+         mine.describe() + "} but rank " + std::to_string(peer) + " with {" + theirs.describe() +
+         "}; nothing reduced from the two was returned. Every rank of the group must make the same sequence of calls "
+         "with the same num_tokens, pattern and strategy. Fix: make the ranks agree (e.g. pad the batch to the same "
+         "num_tokens on every rank); the workspace is unusable now, so recreate it on every rank.";
 }
 
 /// The implementation of backend P's workspace: each backend specializes it (backend/<name>.hpp) with

@@ -27,6 +27,10 @@ struct WorkspaceConfig {
   /// Size the buffers so that one-shot can run at max_token_num (default: only up to the one-shot threshold;
   /// larger calls use two-shot, which needs about 2 x tokens x hidden instead of W x).
   bool oneshot_at_max_tokens = false;
+  /// Every call carries a digest (call number, num_tokens, pattern, strategy) that each rank compares with its peers'
+  /// before it trusts their data: a rank whose call differs makes every rank raise fiar::mismatch_error instead of
+  /// returning wrong data. false saves the digest's exchange (fiar-bench --verify-calls 0 shows its cost).
+  bool verify_calls = true;
 };
 
 /// The tensors and parameters of one fused call, checked against the pattern before anything runs: every tensor

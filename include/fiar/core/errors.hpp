@@ -37,4 +37,12 @@ class timeout_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The ranks of a group made different calls: each call carries a digest (call number, num_tokens, pattern,
+/// strategy) with its data, and a rank that sees a peer's digest differ from its own raises this (so does every rank
+/// of the group) instead of returning data reduced from mismatched calls. The workspace is unusable afterwards.
+class mismatch_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 FIAR_END_NAMESPACE

@@ -29,8 +29,10 @@
 
 #if defined(__CUDA_ARCH__)
 #define FIAR_UNROLL _Pragma("unroll")
+#define FIAR_NO_UNROLL _Pragma("unroll 1")
 #else
 #define FIAR_UNROLL
+#define FIAR_NO_UNROLL
 #endif
 
 #if defined(__CUDACC__)

@@ -26,9 +26,9 @@ struct MulticastView {
   std::uint32_t* stores = nullptr;  ///< host emulator: counts this rank's multicast stores (tests)
 };
 
-/// What a kernel's logic needs of the machine: its position (lane in the block, block in the grid), block-wide
-/// barrier, sum and max, a clock and a back-off for bounded waits, 16-byte accesses and system-scope atomics on
-/// memory other ranks touch, and the multicast store.
+/// What a kernel's logic needs of the machine: its position (lane in the block, block in the grid, block in its
+/// cluster), block-wide barrier, sum and max, the same sums and maxima over a cluster of blocks, a clock and a back-off
+/// for bounded waits, 16-byte accesses and system-scope atomics on memory other ranks touch, and the multicast store.
 template <class C>
 concept ExecutionContext = requires(C& c, float x, const std::uint32_t* cp, std::uint32_t* p, std::uint32_t w,
                                     const Vec16& v, const MulticastView& view, std::size_t offset) {
@@ -39,6 +39,10 @@ concept ExecutionContext = requires(C& c, float x, const std::uint32_t* cp, std:
   c.sync();
   { c.sum(x) } -> std::convertible_to<float>;
   { c.max(x) } -> std::convertible_to<float>;
+  { c.cluster_rank() } -> std::convertible_to<int>;
+  { c.cluster_size() } -> std::convertible_to<int>;
+  { c.cluster_sum(x) } -> std::convertible_to<float>;
+  { c.cluster_max(x) } -> std::convertible_to<float>;
   { c.now_ns() } -> std::convertible_to<std::uint64_t>;
   c.pause();
   { c.load16(cp) } -> std::same_as<Vec16>;
@@ -53,10 +57,12 @@ concept ExecutionContext = requires(C& c, float x, const std::uint32_t* cp, std:
   c.fence_system();
 };
 
-/// Grid and block of one launch.
+/// Grid, block and cluster of one launch: `blocks` in the whole grid (a multiple of `cluster`), `threads` per block,
+/// `cluster` blocks per thread-block cluster (1: no cluster).
 struct LaunchShape {
   int blocks;
   int threads;
+  int cluster = 1;
   friend constexpr bool operator==(const LaunchShape&, const LaunchShape&) = default;
 };
 
@@ -70,6 +76,42 @@ struct LaunchLimits {
 constexpr LaunchShape per_token_shape(int num_tokens, int vecs_per_token, int max_blocks) {
   const int threads = std::clamp((vecs_per_token + 31) / 32 * 32, 32, 1024);
   return LaunchShape{std::max(1, std::min(num_tokens, max_blocks)), threads};
+}
+
+/// Most blocks of one cluster fiar launches (the portable cluster size of sm_90 and sm_100).
+inline constexpr int kMaxCluster = 8;
+
+/// Blocks that share one token in a spread launch: the largest of 8, 4, 2, 1 that leaves every block at least 64
+/// vectors of the token and the call at most 128 blocks in all. A function of the call alone (never of the GPU's
+/// SM count), so every rank of a group reduces each token in the same order.
+constexpr int token_cluster(int num_tokens, int vecs_per_token) {
+  int c = kMaxCluster;
+  while (c > 1 && (vecs_per_token / c < 64 || static_cast<long long>(num_tokens) * c > 128)) c /= 2;
+  return c;
+}
+
+/// The launch of fiar's per-token operations: each token is handled by one cluster of token_cluster() blocks (its
+/// vectors spread over them, the norm's sums combined across the cluster); as many clusters as tokens, at most
+/// max_blocks blocks in all (at least one cluster; a cluster loops over tokens beyond that); threads a multiple of
+/// 32 covering the cluster's share of one token (32 to 1024; a lane loops beyond).
+constexpr LaunchShape spread_shape(int num_tokens, int vecs_per_token, int max_blocks) {
+  const int cluster = token_cluster(num_tokens, vecs_per_token);
+  const int share = (vecs_per_token + cluster - 1) / cluster;
+  const int threads = std::clamp((share + 31) / 32 * 32, 32, 1024);
+  const int clusters = std::max(1, std::min(num_tokens, max_blocks / cluster));
+  return LaunchShape{clusters * cluster, threads, cluster};
+}
+
+/// Which tokens and vectors one lane handles in a spread launch: tokens first_token, + token_step, ...; within each,
+/// vectors first_vec, + vec_step, ... The blocks of one cluster share a token.
+struct TokenSplit {
+  int first_token, token_step, first_vec, vec_step;
+};
+FIAR_EXEC_CHECK_DISABLE
+template <class Ctx>
+FIAR_HD TokenSplit token_split(Ctx& ctx) {
+  const int c = ctx.cluster_size();
+  return TokenSplit{ctx.block() / c, ctx.blocks() / c, ctx.cluster_rank() * ctx.lanes() + ctx.lane(), c * ctx.lanes()};
 }
 
 }  // namespace exec

@@ -15,6 +15,7 @@
     "fiar: this translation unit compiles device code for an architecture older than sm_90 (nvcc's default is sm_75), and fiar's kernels need sm_90 or newer. Fix: compile it with -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_100a,code=sm_100a (Meson: add fiar_dep.get_variable('cuda_gencode').split() to the project's cuda arguments; CMake: CUDA_ARCHITECTURES \"90a;100a\")."
 #endif
 
+#include <cooperative_groups.h>
 #include <cub/warp/warp_reduce.cuh>
 #include <cuda/functional>
 #include <cuda/ptx>
@@ -67,6 +68,31 @@ struct DeviceCtx : SystemAtomics {
     __syncthreads();
     const float total = result;
     __syncthreads();  // nobody overwrites `result` before every lane has read it
+    return total;
+  }
+
+  /// This block's rank in its thread-block cluster and the cluster's size (1 in a launch without clusters).
+  __device__ static int cluster_rank() { return static_cast<int>(cuda::ptx::get_sreg_cluster_ctarank()); }
+  __device__ static int cluster_size() { return static_cast<int>(cuda::ptx::get_sreg_cluster_nctarank()); }
+
+  /// Cluster-wide sum and max: each block's own (reduce()), then the blocks' results read from every block's shared
+  /// memory (distributed shared memory) in cluster-rank order, so every block of the cluster gets the same bits.
+  /// Every lane of every block of the cluster calls them.
+  __device__ static float cluster_sum(float x) { return cluster_reduce(x, ::cuda::std::plus<float>{}); }
+  __device__ static float cluster_max(float x) { return cluster_reduce(x, ::cuda::maximum<float>{}); }
+
+  template <class Op>
+  __device__ static float cluster_reduce(float x, Op op) {
+    const float mine = reduce(x, op);
+    const int size = cluster_size();
+    if (size == 1) return mine;
+    __shared__ float partial;
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    if (threadIdx.x == 0) partial = mine;
+    cluster.sync();
+    float total = *cluster.map_shared_rank(&partial, 0);
+    for (int b = 1; b < size; ++b) total = op(total, *cluster.map_shared_rank(&partial, b));
+    cluster.sync();  // no block overwrites its partial (or exits) before every block has read it
     return total;
   }
 

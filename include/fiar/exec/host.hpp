@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // fiar/exec/host.hpp — the host emulator: runs any operation's logic on the CPU, one thread per lane, a barrier per
-// block.
+// block and one per cluster of blocks.
 // Contract: HostGrid keeps its lane threads alive across launches; run() returns when every lane has finished;
 // HostCtx gives the algo code the same operations DeviceCtx gives it on the GPU (ExecutionContext).
 #pragma once
@@ -30,8 +30,17 @@ namespace exec {
 /// The execution context of one emulated lane.
 class HostCtx : public SystemAtomics {
  public:
-  HostCtx(int lane, int lanes, int block, int blocks, std::barrier<>* block_barrier, float* block_scratch)
-      : lane_(lane), lanes_(lanes), block_(block), blocks_(blocks), barrier_(block_barrier), scratch_(block_scratch) {}
+  HostCtx(int lane, int lanes, int block, int blocks, std::barrier<>* block_barrier, float* block_scratch,
+          int cluster_size = 1, std::barrier<>* cluster_barrier = nullptr, float* cluster_scratch = nullptr)
+      : lane_(lane),
+        lanes_(lanes),
+        block_(block),
+        blocks_(blocks),
+        cluster_size_(cluster_size),
+        barrier_(block_barrier),
+        cluster_barrier_(cluster_barrier),
+        scratch_(block_scratch),
+        cluster_scratch_(cluster_scratch) {}
 
   [[nodiscard]] int lane() const { return lane_; }
   [[nodiscard]] int lanes() const { return lanes_; }
@@ -48,6 +57,19 @@ class HostCtx : public SystemAtomics {
   }
   float max(float x) {
     return reduce(x, [](float a, float b) { return a > b ? a : b; });
+  }
+
+  /// This block's rank in its cluster (clusters are runs of cluster_size() consecutive blocks), and that size.
+  [[nodiscard]] int cluster_rank() const { return block_ % cluster_size_; }
+  [[nodiscard]] int cluster_size() const { return cluster_size_; }
+
+  /// Cluster-wide sum and max (distributed shared memory on the GPU): each block's own sum, then the blocks' results
+  /// combined in cluster-rank order, the same on every lane of the cluster. Every lane of the cluster must call them.
+  float cluster_sum(float x) {
+    return cluster_reduce(sum(x), [](float a, float b) { return a + b; });
+  }
+  float cluster_max(float x) {
+    return cluster_reduce(max(x), [](float a, float b) { return a > b ? a : b; });
   }
 
   static std::uint64_t now_ns() {
@@ -96,22 +118,47 @@ class HostCtx : public SystemAtomics {
     return total;
   }
 
-  int lane_, lanes_, block_, blocks_;
+  template <class Op>
+  float cluster_reduce(float mine, Op op) {
+    if (cluster_size_ == 1) return mine;
+    if (lane_ == 0) cluster_scratch_[cluster_rank()] = mine;
+    cluster_barrier_->arrive_and_wait();
+    float total = cluster_scratch_[0];
+    for (int b = 1; b < cluster_size_; ++b) total = op(total, cluster_scratch_[b]);
+    cluster_barrier_->arrive_and_wait();  // nobody overwrites a partial before every lane of the cluster has read it
+    return total;
+  }
+
+  int lane_, lanes_, block_, blocks_, cluster_size_;
   std::barrier<>* barrier_;
+  std::barrier<>* cluster_barrier_;
   float* scratch_;
+  float* cluster_scratch_;
 };
 
-/// A persistent grid of emulated lanes (blocks x lanes threads) that runs one kernel at a time.
+/// A persistent grid of emulated lanes (blocks x lanes threads, in clusters of `cluster` consecutive blocks) that
+/// runs one kernel at a time.
 class HostGrid {
  public:
-  HostGrid(int blocks, int lanes) : blocks_(blocks), lanes_(lanes) {
+  HostGrid(int blocks, int lanes, int cluster = 1) : blocks_(blocks), lanes_(lanes), cluster_(cluster) {
     if (blocks < 1 || lanes < 1 || blocks * lanes > 4096) {
       throw std::invalid_argument("fiar: host emulator grid of " + std::to_string(blocks) + " blocks x " +
                                   std::to_string(lanes) +
                                   " lanes; allowed: at least 1 x 1 and at most 4096 lanes in all. Fix: pass a "
                                   "smaller HostPlatform grid.");
     }
+    if (cluster < 1 || cluster > kMaxCluster || blocks % cluster != 0) {
+      throw std::invalid_argument("fiar: host emulator cluster of " + std::to_string(cluster) +
+                                  " blocks in a grid of " + std::to_string(blocks) + " blocks; allowed: 1 to " +
+                                  std::to_string(kMaxCluster) +
+                                  " blocks that divide the grid. Fix: pass HostPlatformOptions::cluster dividing "
+                                  "HostPlatformOptions::blocks.");
+    }
     for (int b = 0; b < blocks; ++b) barriers_.push_back(std::make_unique<std::barrier<>>(lanes));
+    for (int c = 0; c < blocks / cluster; ++c) {
+      cluster_barriers_.push_back(std::make_unique<std::barrier<>>(lanes * cluster));
+    }
+    cluster_scratch_.resize(static_cast<std::size_t>(blocks));
     scratch_.resize(static_cast<std::size_t>(blocks * lanes));
     threads_.reserve(static_cast<std::size_t>(blocks * lanes));
     for (int b = 0; b < blocks; ++b) {
@@ -131,6 +178,7 @@ class HostGrid {
 
   [[nodiscard]] int blocks() const { return blocks_; }
   [[nodiscard]] int lanes() const { return lanes_; }
+  [[nodiscard]] int cluster() const { return cluster_; }
 
   /// Runs kernel(ctx) on every lane and returns when all have returned (like a launch + stream sync).
   void run(const std::function<void(HostCtx&)>& kernel) {
@@ -145,8 +193,11 @@ class HostGrid {
 
  private:
   void lane_main(int block, int lane) {
+    const auto first_of_cluster = static_cast<std::size_t>(block / cluster_ * cluster_);
     HostCtx ctx(lane, lanes_, block, blocks_, barriers_[static_cast<std::size_t>(block)].get(),
-                scratch_.data() + static_cast<std::size_t>(block) * static_cast<std::size_t>(lanes_));
+                scratch_.data() + static_cast<std::size_t>(block) * static_cast<std::size_t>(lanes_), cluster_,
+                cluster_barriers_[static_cast<std::size_t>(block / cluster_)].get(),
+                cluster_scratch_.data() + first_of_cluster);
     std::uint64_t seen = 0;
     for (;;) {
       const std::function<void(HostCtx&)>* kernel = nullptr;
@@ -163,9 +214,11 @@ class HostGrid {
     }
   }
 
-  int blocks_, lanes_;
+  int blocks_, lanes_, cluster_;
   std::vector<std::unique_ptr<std::barrier<>>> barriers_;
-  std::vector<float> scratch_;  // one float per lane, for block reductions
+  std::vector<std::unique_ptr<std::barrier<>>> cluster_barriers_;
+  std::vector<float> scratch_;          // one float per lane, for block reductions
+  std::vector<float> cluster_scratch_;  // one float per block, for cluster reductions
   std::vector<std::thread> threads_;
   std::mutex mutex_;
   std::condition_variable start_, done_;

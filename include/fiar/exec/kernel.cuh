@@ -88,13 +88,22 @@ void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cu
   config.blockDim = dim3(static_cast<unsigned>(shape.threads));
   config.dynamicSmemBytes = 0;
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
   if (pdl && image_arch<Op>(device) >= 90) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
   }
+  if (shape.cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = static_cast<unsigned>(shape.cluster);
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel<Op>, p);
   std::string what = Op::name;
   if constexpr (requires {

@@ -271,13 +271,14 @@ class CudaPlatform {
   /// What one launch may use: at most max_blocks() blocks.
   [[nodiscard]] exec::LaunchLimits limits() const { return exec::LaunchLimits{max_blocks()}; }
 
-  /// Grid and block of a one-block-per-token launch: one block per token up to max_blocks(), threads a multiple of
-  /// 32 covering one token's 16-byte vectors (32 to 1024).
+  /// Grid, block and cluster of fiar's per-token launches (exec::spread_shape): a cluster of blocks per token, at
+  /// most max_blocks() blocks (at least one cluster), threads a multiple of 32 covering the cluster's share of one
+  /// token's 16-byte vectors (32 to 1024).
   [[nodiscard]] CudaLaunchShape launch_shape(int num_tokens, int vecs_per_token) const {
     return launch_shape(num_tokens, vecs_per_token, max_blocks());
   }
   static constexpr CudaLaunchShape launch_shape(int num_tokens, int vecs_per_token, int max_blocks) {
-    return exec::per_token_shape(num_tokens, vecs_per_token, max_blocks);
+    return exec::spread_shape(num_tokens, vecs_per_token, max_blocks);
   }
 
   /// Most blocks per launch: the option, or the SM count shared by this group's ranks on this GPU.

@@ -37,6 +37,9 @@ FIAR_BEGIN_NAMESPACE
 struct HostPlatformOptions {
   int blocks = 2;
   int lanes = 8;
+  /// Blocks per emulated thread-block cluster (1 to 8, dividing `blocks`): a token's vectors are spread over the
+  /// blocks of one cluster, as on the GPU at few tokens.
+  int cluster = 1;
   /// Whether the emulated machine has NVLink multicast. false: allocate_multicast fails as it does on a
   /// machine without NVSwitch multicast (fiar::multicast_error on every rank), to exercise the fallback.
   bool multicast = true;
@@ -53,7 +56,8 @@ class HostPlatform {
   /// A bad grid is reported by the first collective (allocate_shared) on every rank alike, so that one
   /// rank's mistake cannot leave its peers waiting.
   explicit HostPlatform(const Options& options = {}) : options_(options) {
-    init_ = detail::attempt([&] { grid_ = std::make_unique<exec::HostGrid>(options.blocks, options.lanes); });
+    init_ = detail::attempt(
+        [&] { grid_ = std::make_unique<exec::HostGrid>(options.blocks, options.lanes, options.cluster); });
   }
 
   /// Collective: allocates `bytes` of rank-visible memory per rank (zero-filled) and returns, in rank
