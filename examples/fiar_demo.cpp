@@ -6,6 +6,7 @@
 #include <fiar/fiar.hpp>
 
 #include "cli.hpp"
+#include "verify.hpp"
 
 #include <charconv>
 #include <chrono>
@@ -25,6 +26,7 @@ namespace {
 
 using fiar_cli::parse_int;
 using fiar_cli::UsageError;
+using namespace fiar_tools;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
@@ -68,28 +70,6 @@ struct Options {
   fiar::Strategy strategy = fiar::Strategy::Auto;
   fiar::Pattern pattern = fiar::Pattern::AllReduce;
 };
-
-template <class... Choices>
-std::string parse_choice(std::string_view flag, std::string_view text, Choices... choices) {
-  for (std::string_view c : {std::string_view(choices)...}) {
-    if (text == c) return std::string(text);
-  }
-  std::string list;
-  for (std::string_view c : {std::string_view(choices)...}) list += (list.empty() ? "" : ", ") + std::string(c);
-  throw UsageError(std::string(flag) + " " + fiar_cli::quoted(text) + ": expected one of " + list);
-}
-
-bool usable_gpu(int& count, std::string& why) {
-  count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    why = e != cudaSuccess ? fiar_cli::describe_cuda(e) : "no CUDA device found";
-    (void)cudaGetLastError();
-    count = 0;
-    return false;
-  }
-  return true;
-}
 
 Options parse(int argc, char** argv, bool& help) {
   Options o;
@@ -146,122 +126,13 @@ Options parse(int argc, char** argv, bool& help) {
   return o;
 }
 
-// ---- the independent reference: fp64 sums of the same inputs, and the documented error bound ----
-
-// Input element i of rank r at iteration it: a deterministic mix of magnitudes and signs, zeros included.
-float input_value(int r, int it, std::size_t i) {
-  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ static_cast<std::uint32_t>(r * 40503 + it * 9973);
-  h ^= h >> 15;
-  h *= 2246822519u;
-  h ^= h >> 13;
-  if (h % 97 == 0) return (h & 1) ? -0.0f : 0.0f;
-  const float unit = static_cast<float>(h % 20001) / 10000.0f - 1.0f;  // [-1, 1]
-  return unit * std::ldexp(1.0f, static_cast<int>((h >> 20) % 6) - 2);
-}
-
-template <class T>
-double unit_roundoff() {
-  return std::is_same_v<T, float>    ? std::ldexp(1.0, -24)
-         : std::is_same_v<T, __half> ? std::ldexp(1.0, -11)
-                                     : std::ldexp(1.0, -8);
-}
-
-// The spacing of T's subnormals (its smallest positive value): rounding a result near zero to T may be off by up to
-// half of it whatever the relative bound says, so every bound below carries it as an absolute term.
-template <class T>
-double subnormal_step() {
-  return std::is_same_v<T, float>    ? std::ldexp(1.0, -149)
-         : std::is_same_v<T, __half> ? std::ldexp(1.0, -24)
-                                     : std::ldexp(1.0, -133);
-}
-
-struct RankResult {
+struct RankResult : Check {
   fiar::Backend backend = fiar::Backend::Auto;  // what ran
   bool fell_back = false;
   fiar::Strategy strategy = fiar::Strategy::Auto;  // what the last call ran
-  long mismatches = 0;
-  double max_error = 0;
-  std::vector<unsigned char> last_bytes;  // the last outputs, to compare across ranks
+  std::vector<unsigned char> last_bytes;           // the last outputs, to compare across ranks
   std::string error;
 };
-
-// Where a rank's tensors live: host memory on the emulator, device memory (one stream) on the GPU.
-struct Memory {
-  virtual ~Memory() = default;
-  virtual void* alloc(std::size_t bytes) = 0;
-  virtual void upload(void* dst, const void* src, std::size_t bytes) = 0;
-  virtual void download(void* dst, const void* src, std::size_t bytes) = 0;
-  virtual void sync() = 0;
-  virtual cudaStream_t stream() = 0;
-};
-
-struct HostMemory final : Memory {
-  std::vector<std::unique_ptr<unsigned char[]>> blocks;
-  void* alloc(std::size_t bytes) override {
-    blocks.emplace_back(new (std::align_val_t(64)) unsigned char[bytes + 64]());
-    return blocks.back().get();
-  }
-  void upload(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void sync() override {}
-  cudaStream_t stream() override { return nullptr; }
-  ~HostMemory() override {
-    for (auto& b : blocks) ::operator delete[](b.release(), std::align_val_t(64));
-  }
-};
-
-struct DeviceMemory final : Memory {
-  cudaStream_t s = nullptr;
-  std::vector<void*> blocks;
-  explicit DeviceMemory(int rank) {
-    if (const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
-      throw std::runtime_error("fiar-demo: cudaStreamCreateWithFlags on rank " + std::to_string(rank) + ": " +
-                               fiar_cli::describe_cuda(e));
-    }
-  }
-  void* alloc(std::size_t bytes) override {
-    void* p = nullptr;
-    if (const cudaError_t e = cudaMalloc(&p, bytes + 64); e != cudaSuccess) {
-      throw std::runtime_error("fiar-demo: cudaMalloc(" + std::to_string(bytes) + "): " + fiar_cli::describe_cuda(e) +
-                               ". Check free GPU memory (nvidia-smi).");
-    }
-    (void)cudaMemset(p, 0, bytes + 64);
-    blocks.push_back(p);
-    return p;
-  }
-  void upload(void* dst, const void* src, std::size_t bytes) override {
-    (void)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);
-  }
-  void download(void* dst, const void* src, std::size_t bytes) override {
-    (void)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
-    (void)cudaStreamSynchronize(s);
-  }
-  void sync() override { (void)cudaStreamSynchronize(s); }
-  cudaStream_t stream() override { return s; }
-  ~DeviceMemory() override {
-    (void)cudaStreamSynchronize(s);
-    for (void* p : blocks) (void)cudaFree(p);
-    (void)cudaStreamDestroy(s);
-  }
-};
-
-template <class T>
-void verify(const std::vector<T>& out, int world, int it, RankResult& res) {
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    double exact = 0, abs_sum = 0;
-    for (int r = 0; r < world; ++r) {
-      const double x = static_cast<double>(fiar::algo::to_float(fiar::algo::from_float<T>(input_value(r, it, i))));
-      exact += x;
-      abs_sum += std::fabs(x);
-    }
-    const double got = static_cast<double>(fiar::algo::to_float(out[i]));
-    const double err = std::fabs(got - exact);
-    const double bound =
-        unit_roundoff<T>() * std::fabs(exact) + (world - 1) * std::ldexp(1.0, -24) * abs_sum + subnormal_step<T>();
-    if (!(err <= bound * (1 + 1e-6))) ++res.mismatches;
-    res.max_error = std::max(res.max_error, err);
-  }
-}
 
 // Sized for the shape the demo runs; a forced one-shot needs buffers for one-shot at every token count.
 fiar::WorkspaceConfig demo_config(const Options& o) {
@@ -270,82 +141,6 @@ fiar::WorkspaceConfig demo_config(const Options& o) {
   cfg.hidden_dim = o.hidden;
   cfg.oneshot_at_max_tokens = o.strategy == fiar::Strategy::OneShot;
   return cfg;
-}
-
-template <class T>
-float f32(T x) {
-  return fiar::algo::to_float(x);
-}
-template <class T>
-T round_to(float x) {
-  return fiar::algo::from_float<T>(x);
-}
-
-// Verifies one call of a fused pattern on one rank: residual_out bit-exact against the fp32 rank-order sum
-// plus the residual; norm_out within one ulp of T of the fp64 RMSNorm (plus one subnormal step of T, for results
-// that round into T's subnormal range); the quantized outputs bit-exact against the quantization of the kernel's own
-// norm_out.
-template <class T>
-void verify_fused(const Options& o, int world, int it, const std::vector<T>& residual, const std::vector<T>& gamma,
-                  const std::vector<T>& residual_out, const std::vector<T>& norm,
-                  const std::vector<std::uint8_t>& quant, const std::vector<float>& scale_out,
-                  const std::vector<std::uint8_t>& block_scales, float scale, RankResult& res) {
-  const int H = o.hidden;
-  const double ulp = unit_roundoff<T>() * 2;
-  for (int t = 0; t < o.tokens; ++t) {
-    double squares = 0;
-    std::vector<float> y(static_cast<std::size_t>(H));
-    for (int h = 0; h < H; ++h) {
-      const std::size_t i = static_cast<std::size_t>(t) * H + h;
-      float acc = 0.0f;
-      for (int r = 0; r < world; ++r) acc += f32(round_to<T>(input_value(r, it, i))) + 0.0f;
-      T sum = round_to<T>(acc);
-      if (f32(sum) == 0.0f) sum = round_to<T>(0.0f);
-      const T yy = round_to<T>(f32(sum) + f32(residual[i]));
-      if (f32(yy) != f32(residual_out[i])) ++res.mismatches;
-      y[static_cast<std::size_t>(h)] = f32(yy);
-      squares += static_cast<double>(f32(yy)) * f32(yy);
-    }
-    const double inv_rms = 1.0 / std::sqrt(squares / H + 1e-6);
-    float amax = 0.0f;
-    for (int h = 0; h < H; ++h) {
-      const std::size_t i = static_cast<std::size_t>(t) * H + h;
-      const double want = y[static_cast<std::size_t>(h)] * inv_rms * f32(gamma[static_cast<std::size_t>(h)]);
-      const double err = std::fabs(f32(norm[i]) - want);
-      if (err > ulp * std::fabs(want) + 1e-6 * std::fabs(want) + subnormal_step<T>()) ++res.mismatches;
-      res.max_error = std::max(res.max_error, err);
-      amax = std::max(amax, std::fabs(f32(norm[i])));
-    }
-    if (o.pattern == fiar::Pattern::ResidualRmsNormFp8 || o.pattern == fiar::Pattern::ResidualRmsNormFp8Dynamic) {
-      const bool dynamic = o.pattern == fiar::Pattern::ResidualRmsNormFp8Dynamic;
-      const float token_scale = std::max(amax / 448.0f, 1.0f / (512.0f * 448.0f));
-      if (dynamic && scale_out[static_cast<std::size_t>(t)] != token_scale) ++res.mismatches;
-      for (int h = 0; h < H; ++h) {
-        const std::size_t i = static_cast<std::size_t>(t) * H + h;
-        const float q = dynamic ? f32(norm[i]) / token_scale : f32(norm[i]) * (1.0f / scale);
-        if (quant[i] != static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3)))
-          ++res.mismatches;
-      }
-    } else if (o.pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
-      for (int k = 0; k < H / 16; ++k) {
-        float block_max = 0.0f;
-        for (int j = 0; j < 16; ++j)
-          block_max = std::max(block_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j])));
-        const auto sf =
-            static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(scale * block_max / 6.0f, __NV_SATFINITE, __NV_E4M3));
-        if (block_scales[fiar::algo::nvfp4_scale_offset(t, k, H, fiar::ScaleLayout::Swizzled128x4)] != sf)
-          ++res.mismatches;
-        const float sf_value = __half2float(__half(__nv_cvt_fp8_to_halfraw(sf, __NV_E4M3)));
-        const float factor = sf_value == 0.0f ? 0.0f : scale / sf_value;
-        for (int j = 0; j < 16; ++j) {
-          const std::uint8_t byte = quant[static_cast<std::size_t>(t) * (H / 2) + (k * 16 + j) / 2];
-          const std::uint8_t nibble = j % 2 == 0 ? (byte & 0xf) : (byte >> 4);
-          const float n = f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j]);
-          if (nibble != (__nv_cvt_float_to_fp4(n * factor, __NV_E2M1, cudaRoundNearest) & 0xf)) ++res.mismatches;
-        }
-      }
-    }
-  }
 }
 
 template <fiar::Pattern P, class T, class Platform>
@@ -415,8 +210,8 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
       if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
       if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
       if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
-      verify_fused<T>(o, topo.world_size, it, residual, gamma, residual_out, norm, quant, scale_out, block_scales,
-                      scale, res);
+      verify_fused<T>(o.pattern, o.tokens, o.hidden, topo.world_size, it, residual, gamma, residual_out, norm, quant,
+                      scale_out, block_scales, scale, res);
     }
   }
   auto append = [&res](const void* p, std::size_t n) {

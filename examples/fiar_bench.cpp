@@ -1,0 +1,817 @@
+// SPDX-License-Identifier: Apache-2.0
+// fiar-bench — the benchmark users run on their machines, in the conventions of nccl-tests: a sweep of sizes (bytes
+// per rank, -b/-e/-f) or of tokens x hidden, per row the time of one call as the max across ranks (median, p99, min,
+// max over -n iterations after -w warm-up calls; CUDA events on GPUs, optionally -G calls per CUDA graph), algbw and
+// busbw (2(W-1)/W), and #wrong: every row's outputs are checked on every rank against an independent reference.
+// One-shot, two-shot and the automatic choice are separate rows; the nccl backend (ncclAllReduce, then the same
+// epilogue as a kernel of its own) is the unfused baseline wherever NCCL can run. --plan prints the CUDA launch of
+// every row without running anything and without a GPU. On the host emulator the results are checked but the times
+// are not representative.
+// Exit status: 0 every row ran and every result matched, 1 a wrong result or a failure, 2 a bad command line or a
+// configuration fiar rejects.
+#include <fiar/fiar.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "cli.hpp"
+#include "verify.hpp"
+
+namespace {
+
+using fiar::Pattern;
+using fiar::Strategy;
+using fiar_cli::parse_int;
+using fiar_cli::UsageError;
+using namespace fiar_tools;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitRejected = 2;
+
+constexpr const char* kUsage = R"(usage: fiar-bench [options]
+
+  selection (named as in fiar-demo; LIST: comma-separated values)
+  --platform host|cuda        where to run (default: cuda when a usable GPU exists, else host)
+  --backend LIST              auto, trtllm, mnnvl, nccl (default: auto, plus nccl as the baseline where NCCL can
+                              run: one GPU per rank, or the host emulator)
+  --world-size N              ranks (default: GPUs present, else 4); on cuda, ranks beyond the GPU count share GPUs
+  --nodes N, --multicast yes|no, --arch sm_90|sm_100
+                              the topology the host emulator (and --plan) reports (default 1 node, no, sm_90)
+  --dtype float|half|bf16     element type (default bf16)
+  --pattern LIST              allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic,
+                              residual_rmsnorm_nvfp4 (default allreduce)
+  --strategy LIST             auto, oneshot, twoshot (default: all three on trtllm / mnnvl; nccl runs auto)
+  --tokens LIST               tokens per call (default 1,2,4,...,512; host emulator 1,4,16)
+  --hidden N                  hidden size (default 8192; host emulator 1024)
+  -b BYTES, -e BYTES, -f F    instead of --tokens: sizes per rank from -b to -e, times F each step (default F 2);
+                              a size below one row of --hidden runs one token of size / sizeof(dtype) elements
+  timing
+  -n N                        timed calls per row (default 20; host emulator 5)
+  -w N                        warm-up calls per row (default 5; host emulator 1)
+  -G N                        CUDA-graph mode: N calls captured into one graph, replayed -n times (cuda only)
+  --verify-calls 0|1          exchange call digests (default 1; 0 shows the digest's cost)
+  output
+  --json FILE, --csv FILE     also write the rows as a JSON array of objects / as CSV
+  --plan                      print each row's CUDA launch (strategy, blocks, threads per block, cluster) and exit,
+                              without running and without a GPU
+  --sms N                     --plan: SMs per GPU (default 132, H100 / H200)
+  --ranks-per-gpu N           --plan: ranks sharing one GPU (default 1)
+  -h, --help
+
+exit status: 0 every row ran and matched, 1 a wrong result or a failure, 2 bad command line or configuration
+)";
+
+struct Options {
+  std::string platform;
+  std::vector<fiar::Backend> backends;  // empty: auto + the nccl baseline
+  std::optional<int> world_size;
+  int nodes = 1;
+  bool multicast = false;
+  int arch = 90;
+  std::string dtype = "bf16";
+  std::vector<Pattern> patterns = {Pattern::AllReduce};
+  std::vector<Strategy> strategies;  // empty: oneshot, twoshot, auto
+  std::vector<int> tokens;           // empty: the platform's default
+  std::optional<int> hidden;
+  std::optional<long long> size_begin, size_end;
+  int size_factor = 2;
+  std::optional<int> iterations, warmup;
+  int graph_calls = 0;
+  bool verify_calls = true;
+  std::string json, csv;
+  bool plan = false;
+  int sms = 132;
+  int ranks_per_gpu = 1;
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', start);
+    out.push_back(text.substr(start, comma - start));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+long long parse_bytes(std::string_view flag, const std::string& text) {
+  // nccl-tests style: 8, 64K, 1M, 2G.
+  std::string digits = text;
+  long long unit = 1;
+  if (!digits.empty()) {
+    const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+    if (last == 'K' || last == 'M' || last == 'G') {
+      unit = last == 'K' ? 1024LL : last == 'M' ? 1024LL * 1024 : 1024LL * 1024 * 1024;
+      digits.pop_back();
+    }
+  }
+  return static_cast<long long>(parse_int(flag, digits, 1)) * unit;
+}
+
+Pattern parse_pattern(std::string_view flag, const std::string& value) {
+  std::string list;
+  for (int i = 0; fiar::is_valid(static_cast<Pattern>(i)); ++i) {
+    const auto c = static_cast<Pattern>(i);
+    if (value == fiar::to_string(c)) return c;
+    list += (list.empty() ? "" : ", ") + std::string(fiar::to_string(c));
+  }
+  throw UsageError(std::string(flag) + " " + fiar_cli::quoted(value) + ": expected one of " + list);
+}
+
+Options parse(int argc, char** argv, bool& help) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--plan") {
+      o.plan = true;
+      continue;
+    }
+    const auto [arg, value] = fiar_cli::next_option(argc, argv, i);
+    if (arg == "--help") {
+      help = true;
+    } else if (arg == "--platform") {
+      o.platform = parse_choice(arg, value, "host", "cuda");
+    } else if (arg == "--backend") {
+      o.backends.clear();
+      for (const auto& b : split(value)) o.backends.push_back(fiar::parse_backend(b));
+    } else if (arg == "--world-size") {
+      o.world_size = parse_int(arg, value, 1);
+    } else if (arg == "--nodes") {
+      o.nodes = parse_int(arg, value, 1);
+    } else if (arg == "--multicast") {
+      o.multicast = parse_choice(arg, value, "yes", "no") == "yes";
+    } else if (arg == "--arch") {
+      o.arch = parse_choice(arg, value, "sm_90", "sm_100") == "sm_90" ? 90 : 100;
+    } else if (arg == "--dtype") {
+      o.dtype = parse_choice(arg, value, "float", "half", "bf16");
+    } else if (arg == "--pattern") {
+      o.patterns.clear();
+      for (const auto& p : split(value)) o.patterns.push_back(parse_pattern(arg, p));
+    } else if (arg == "--strategy") {
+      o.strategies.clear();
+      for (const auto& s : split(value)) {
+        const std::string c = parse_choice(arg, s, "auto", "oneshot", "twoshot");
+        o.strategies.push_back(c == "oneshot"   ? Strategy::OneShot
+                               : c == "twoshot" ? Strategy::TwoShot
+                                                : Strategy::Auto);
+      }
+    } else if (arg == "--tokens") {
+      o.tokens.clear();
+      for (const auto& t : split(value)) o.tokens.push_back(parse_int(arg, t, 1));
+    } else if (arg == "--hidden") {
+      o.hidden = parse_int(arg, value, 1);
+    } else if (arg == "-b") {
+      o.size_begin = parse_bytes(arg, value);
+    } else if (arg == "-e") {
+      o.size_end = parse_bytes(arg, value);
+    } else if (arg == "-f") {
+      o.size_factor = parse_int(arg, value, 2);
+    } else if (arg == "-n") {
+      o.iterations = parse_int(arg, value, 1);
+    } else if (arg == "-w") {
+      o.warmup = parse_int(arg, value, 0);
+    } else if (arg == "-G") {
+      o.graph_calls = parse_int(arg, value, 0);
+    } else if (arg == "--verify-calls") {
+      o.verify_calls = parse_choice(arg, value, "0", "1") == "1";
+    } else if (arg == "--json") {
+      o.json = value;
+    } else if (arg == "--csv") {
+      o.csv = value;
+    } else if (arg == "--sms") {
+      o.sms = parse_int(arg, value, 1);
+    } else if (arg == "--ranks-per-gpu") {
+      o.ranks_per_gpu = parse_int(arg, value, 1);
+    } else {
+      throw UsageError("unknown option " + fiar_cli::quoted(arg));
+    }
+  }
+  if (o.size_begin.has_value() != o.size_end.has_value()) throw UsageError("-b and -e go together");
+  if (o.size_begin && !o.tokens.empty()) throw UsageError("--tokens and -b/-e are two sweeps: pass one of them");
+  if (o.size_begin && *o.size_begin > *o.size_end) throw UsageError("-b is larger than -e");
+  return o;
+}
+
+// One point of the sweep.
+struct Point {
+  int tokens, hidden;
+};
+
+// The sweep's points for element type T: tokens x hidden, or the sizes -b .. -e (a size below one row is one token
+// of size / sizeof(T) elements, rounded down to whole 16-byte vectors).
+template <class T>
+std::vector<Point> points(const Options& o, bool host) {
+  const int hidden = o.hidden.value_or(host ? 1024 : 8192);
+  std::vector<Point> out;
+  if (o.size_begin) {
+    const long long row = static_cast<long long>(hidden) * static_cast<long long>(sizeof(T));
+    for (long long s = *o.size_begin; s <= *o.size_end; s *= o.size_factor) {
+      if (s >= row) {
+        out.push_back({static_cast<int>(s / row), hidden});
+      } else {
+        const int elems = static_cast<int>(s / 16 * 16 / static_cast<long long>(sizeof(T)));
+        if (elems > 0) out.push_back({1, elems});
+      }
+    }
+    return out;
+  }
+  std::vector<int> tokens = o.tokens;
+  if (tokens.empty())
+    tokens = host ? std::vector<int>{1, 4, 16} : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  for (int t : tokens) out.push_back({t, hidden});
+  return out;
+}
+
+// One row of the output.
+struct Row {
+  long long size_bytes = 0;
+  int tokens = 0, hidden = 0;
+  std::string dtype, pattern, backend, strategy, ran;
+  // timings (run mode)
+  double time_us = 0, p99_us = 0, min_us = 0, max_us = 0, algbw = 0, busbw = 0;
+  long wrong = 0;
+  std::string error;
+  // launch plan (--plan)
+  int blocks = 0, threads = 0, cluster = 0;
+  std::string kernel;
+};
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4g", x);
+  return buf;
+}
+
+void write_outputs(const Options& o, const std::vector<Row>& rows, const std::string& platform, int world,
+                   bool shared_gpu) {
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << "[\n";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      f << "  {\"size_bytes\": " << r.size_bytes << ", \"tokens\": " << r.tokens << ", \"hidden\": " << r.hidden
+        << ", \"dtype\": " << json_string(r.dtype) << ", \"pattern\": " << json_string(r.pattern)
+        << ", \"backend\": " << json_string(r.backend) << ", \"strategy\": " << json_string(r.strategy)
+        << ", \"ran\": " << json_string(r.ran) << ", \"world_size\": " << world
+        << ", \"platform\": " << json_string(platform) << ", \"ranks_share_gpu\": " << (shared_gpu ? "true" : "false");
+      if (o.plan) {
+        f << ", \"kernel\": " << json_string(r.kernel) << ", \"blocks\": " << r.blocks << ", \"threads\": " << r.threads
+          << ", \"cluster\": " << r.cluster;
+      } else {
+        f << ", \"time_us\": " << number(r.time_us) << ", \"p99_us\": " << number(r.p99_us)
+          << ", \"min_us\": " << number(r.min_us) << ", \"max_us\": " << number(r.max_us)
+          << ", \"algbw_gbps\": " << number(r.algbw) << ", \"busbw_gbps\": " << number(r.busbw)
+          << ", \"wrong\": " << r.wrong << ", \"graph_calls\": " << o.graph_calls
+          << ", \"verify_calls\": " << (o.verify_calls ? "true" : "false") << ", \"error\": " << json_string(r.error);
+      }
+      f << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+    }
+    f << "]\n";
+    if (!f) throw std::runtime_error("cannot write " + o.json + ": " + std::strerror(errno));
+  }
+  if (!o.csv.empty()) {
+    std::ofstream f(o.csv);
+    if (o.plan) {
+      f << "size_bytes,tokens,hidden,dtype,pattern,backend,strategy,ran,kernel,blocks,threads,cluster\n";
+    } else {
+      f << "size_bytes,tokens,hidden,dtype,pattern,backend,strategy,ran,time_us,p99_us,min_us,max_us,algbw_gbps,"
+           "busbw_gbps,wrong\n";
+    }
+    for (const Row& r : rows) {
+      f << r.size_bytes << "," << r.tokens << "," << r.hidden << "," << r.dtype << "," << r.pattern << "," << r.backend
+        << "," << r.strategy << "," << r.ran << ",";
+      if (o.plan) {
+        f << r.kernel << "," << r.blocks << "," << r.threads << "," << r.cluster << "\n";
+      } else {
+        f << number(r.time_us) << "," << number(r.p99_us) << "," << number(r.min_us) << "," << number(r.max_us) << ","
+          << number(r.algbw) << "," << number(r.busbw) << "," << r.wrong << "\n";
+      }
+    }
+    if (!f) throw std::runtime_error("cannot write " + o.csv + ": " + std::strerror(errno));
+  }
+}
+
+std::vector<Strategy> strategies_for(const Options& o, fiar::Backend b) {
+  if (b == fiar::Backend::Nccl) return {Strategy::Auto};
+  return o.strategies.empty() ? std::vector<Strategy>{Strategy::OneShot, Strategy::TwoShot, Strategy::Auto}
+                              : o.strategies;
+}
+
+// The backends of the run: the requested ones resolved against the topology (auto: fiar's choice), plus the nccl
+// baseline when none was requested and NCCL can run.
+std::vector<fiar::Backend> backends_for(const Options& o, const fiar::Topology& topo, bool nccl_can_run) {
+  std::vector<fiar::Backend> out;
+  auto add = [&](fiar::Backend b) {
+    if (std::find(out.begin(), out.end(), b) == out.end()) out.push_back(b);
+  };
+  if (o.backends.empty()) {
+    add(fiar::resolve_backend(fiar::Backend::Auto, topo).backend);
+    if (nccl_can_run) add(fiar::Backend::Nccl);
+  } else {
+    for (fiar::Backend b : o.backends) add(fiar::resolve_backend(b, topo).backend);
+  }
+  return out;
+}
+
+// ---- --plan: the launch of every row, from fiar's own shape and strategy functions ----
+
+template <class T>
+int plan(const Options& o, const fiar::Topology& topo) {
+  const int world = topo.world_size;
+  const int max_blocks = std::max(1, o.sms / o.ranks_per_gpu);
+  std::vector<Row> rows;
+  std::printf(
+      "# fiar-bench %s --plan: %d rank(s), %s, %d SMs per GPU, %d rank(s) per GPU (at most %d blocks per "
+      "launch)\n",
+      fiar::version_string, world, fiar::arch_name(topo.arch).c_str(), o.sms, o.ranks_per_gpu, max_blocks);
+  std::printf("#%12s %7s %7s %6s %-29s %-7s %-8s %-8s %-28s %7s %8s %8s\n", "size(B)", "tokens", "hidden", "dtype",
+              "pattern", "backend", "strategy", "ran", "kernel", "blocks", "threads", "cluster");
+  for (fiar::Backend b : backends_for(o, topo, true)) {
+    for (Pattern p : o.patterns) {
+      for (const Point& pt : points<T>(o, false)) {
+        const int vecs = static_cast<int>(static_cast<long long>(pt.hidden) * sizeof(T) / 16);
+        const std::size_t bytes = static_cast<std::size_t>(pt.tokens) * pt.hidden * sizeof(T);
+        for (Strategy s : strategies_for(o, b)) {
+          Row r;
+          r.size_bytes = static_cast<long long>(bytes);
+          r.tokens = pt.tokens;
+          r.hidden = pt.hidden;
+          r.dtype = std::string(fiar::dtype_name<T>());
+          r.pattern = fiar::to_string(p);
+          r.backend = std::string(fiar::to_string(b));
+          r.strategy = std::string(fiar::to_string(s));
+          const fiar::CudaLaunchShape shape = fiar::CudaPlatform::launch_shape(pt.tokens, vecs, max_blocks);
+          if (b == fiar::Backend::Nccl) {
+            r.ran = "nccl";
+            r.kernel = p == Pattern::AllReduce ? "ncclAllReduce only" : "ncclAllReduce + epilogue";
+            if (p != Pattern::AllReduce) {
+              r.blocks = shape.blocks;
+              r.threads = shape.threads;
+              r.cluster = shape.cluster;
+            }
+          } else {
+            const Strategy ran = s != Strategy::Auto
+                                     ? s
+                                     : fiar::choose_strategy(world, pt.tokens, bytes,
+                                                             fiar::default_oneshot_max_bytes(b, topo.arch, world));
+            r.ran = std::string(fiar::to_string(ran));
+            r.kernel = r.backend + " " + r.ran;
+            r.blocks = shape.blocks;
+            r.threads = shape.threads;
+            r.cluster = shape.cluster;
+          }
+          std::printf(" %12lld %7d %7d %6s %-29s %-7s %-8s %-8s %-28s %7d %8d %8d\n", r.size_bytes, r.tokens, r.hidden,
+                      r.dtype.c_str(), r.pattern.c_str(), r.backend.c_str(), r.strategy.c_str(), r.ran.c_str(),
+                      r.kernel.c_str(), r.blocks, r.threads, r.cluster);
+          rows.push_back(r);
+        }
+      }
+    }
+  }
+  write_outputs(o, rows, "plan", world, o.ranks_per_gpu > 1);
+  return kExitOk;
+}
+
+// ---- running ----
+
+// Per-iteration times of every rank for one row, in microseconds: [rank][iteration].
+using Times = std::vector<std::vector<double>>;
+
+// A percentile of sorted values (nearest rank).
+double percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const auto i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size()))) - 1;
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+// What one rank does for one row: allocate the pattern's tensors, warm up, time, then check the outputs.
+template <Pattern P, class T, class Platform>
+void run_row_on_rank(fiar::AnyWorkspace<T, Platform>& ws, fiar::InProcessBootstrap& boot, const Options& o,
+                     const fiar::Topology& topo, const Point& pt, Strategy strategy, Memory& mem, int iterations,
+                     int warmup, std::vector<double>& times, Check& check, Strategy& ran) {
+  constexpr fiar::PatternTraits kTraits = fiar::pattern_traits(P);
+  constexpr bool fused = kTraits.norm;
+  constexpr bool nvfp4 = kTraits.quant == fiar::Quant::Nvfp4;
+  auto used = [](fiar::FusedTensor t) {
+    return fiar::pattern_traits(P).use[static_cast<int>(t)] != fiar::TensorUse::Unused;
+  };
+  const std::size_t count = static_cast<std::size_t>(pt.tokens) * pt.hidden;
+  const std::size_t bytes = count * sizeof(T);
+  const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
+  const std::size_t sf_bytes = fiar::algo::nvfp4_scale_bytes(pt.tokens, pt.hidden, fiar::ScaleLayout::Swizzled128x4);
+  const float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;
+  std::vector<T> host_in(count), out(count), residual(count), gamma(static_cast<std::size_t>(pt.hidden)), norm(count),
+      residual_out(count);
+  std::vector<std::uint8_t> quant(quant_bytes), block_scales(sf_bytes);
+  std::vector<float> scale_out(static_cast<std::size_t>(pt.tokens));
+  for (std::size_t i = 0; i < count; ++i) {
+    host_in[i] = round_to<T>(input_value(topo.rank, 0, i));
+    residual[i] = round_to<T>(input_value(1000, 0, i));
+  }
+  for (int h = 0; h < pt.hidden; ++h) gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * (h % 5));
+  fiar::FusedArgs<T> a;
+  a.num_tokens = pt.tokens;
+  a.in = static_cast<T*>(mem.alloc(bytes));
+  mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
+  if (used(fiar::FusedTensor::Out)) a.out = static_cast<T*>(mem.alloc(bytes));
+  if (used(fiar::FusedTensor::ResidualIn)) {
+    a.residual_in = static_cast<T*>(mem.alloc(bytes));
+    mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
+  }
+  if (used(fiar::FusedTensor::ResidualOut)) a.residual_out = static_cast<T*>(mem.alloc(bytes));
+  if (used(fiar::FusedTensor::Gamma)) {
+    a.gamma = static_cast<T*>(mem.alloc(static_cast<std::size_t>(pt.hidden) * sizeof(T)));
+    mem.upload(const_cast<T*>(a.gamma), gamma.data(), gamma.size() * sizeof(T));
+  }
+  if (used(fiar::FusedTensor::NormOut)) a.norm_out = static_cast<T*>(mem.alloc(bytes));
+  if (used(fiar::FusedTensor::Scale)) {
+    float* s = static_cast<float*>(mem.alloc(sizeof(float)));
+    mem.upload(s, &scale, sizeof(float));
+    a.scale = s;
+  }
+  if (used(fiar::FusedTensor::QuantOut)) a.quant_out = mem.alloc(quant_bytes);
+  if (used(fiar::FusedTensor::ScaleOut)) a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
+  if (used(fiar::FusedTensor::BlockScaleOut)) a.block_scale_out = mem.alloc(sf_bytes);
+  mem.sync();
+
+  const auto call = [&] { ws.template run<P>(a, mem.stream(), strategy); };
+  for (int i = 0; i < warmup; ++i) call();
+  mem.sync();
+  ws.check();
+  times.assign(static_cast<std::size_t>(iterations), 0.0);
+  if constexpr (std::is_same_v<Platform, fiar::HostPlatform>) {
+    for (int i = 0; i < iterations; ++i) {
+      boot.barrier();  // every rank starts the call together: the time is the call's, not a peer's lateness
+      const auto start = std::chrono::steady_clock::now();
+      call();
+      times[static_cast<std::size_t>(i)] =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    }
+  } else {
+    cudaStream_t stream = mem.stream();
+    auto ok = [](cudaError_t e, const char* what) {
+      if (e != cudaSuccess)
+        throw std::runtime_error(std::string("fiar-bench: ") + what + ": " + fiar_cli::describe_cuda(e));
+    };
+    std::vector<cudaEvent_t> events(static_cast<std::size_t>(iterations) + 1);
+    for (auto& e : events) ok(cudaEventCreate(&e), "cudaEventCreate");
+    cudaGraphExec_t exec = nullptr;
+    cudaGraph_t graph = nullptr;
+    if (o.graph_calls > 0) {
+      ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      for (int c = 0; c < o.graph_calls; ++c) call();
+      ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+      ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+      ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch (warm-up)");
+      ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    }
+    boot.barrier();
+    ok(cudaEventRecord(events[0], stream), "cudaEventRecord");
+    for (int i = 0; i < iterations; ++i) {
+      if (exec != nullptr) {
+        ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+      } else {
+        call();
+      }
+      ok(cudaEventRecord(events[static_cast<std::size_t>(i) + 1], stream), "cudaEventRecord");
+    }
+    ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    for (int i = 0; i < iterations; ++i) {
+      float ms = 0;
+      ok(cudaEventElapsedTime(&ms, events[static_cast<std::size_t>(i)], events[static_cast<std::size_t>(i) + 1]),
+         "cudaEventElapsedTime");
+      times[static_cast<std::size_t>(i)] = 1000.0 * ms / std::max(1, o.graph_calls);
+    }
+    for (auto& e : events) (void)cudaEventDestroy(e);
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  }
+  ws.check();
+  ran = ws.last_strategy();
+
+  // Every row's outputs, on every rank, against the reference (the inputs are the same on every call).
+  if constexpr (!fused) {
+    mem.download(out.data(), a.out, bytes);
+    verify<T>(out, topo.world_size, 0, check);
+  } else {
+    mem.download(residual_out.data(), a.residual_out, bytes);
+    mem.download(norm.data(), a.norm_out, bytes);
+    if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
+    if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
+    if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
+    verify_fused<T>(P, pt.tokens, pt.hidden, topo.world_size, 0, residual, gamma, residual_out, norm, quant, scale_out,
+                    block_scales, scale, check);
+  }
+}
+
+template <class T, class Platform>
+void run_row_dispatch(Pattern p, fiar::AnyWorkspace<T, Platform>& ws, fiar::InProcessBootstrap& boot, const Options& o,
+                      const fiar::Topology& topo, const Point& pt, Strategy s, Memory& mem, int iterations, int warmup,
+                      std::vector<double>& times, Check& check, Strategy& ran) {
+#define FIAR_BENCH_PATTERN_CASE(Unused, Q)                                                                           \
+  case Pattern::Q:                                                                                                   \
+    return run_row_on_rank<Pattern::Q, T, Platform>(ws, boot, o, topo, pt, s, mem, iterations, warmup, times, check, \
+                                                    ran);
+  switch (p) { FIAR_FOR_EACH_PATTERN(FIAR_BENCH_PATTERN_CASE, ) }
+#undef FIAR_BENCH_PATTERN_CASE
+}
+
+// Runs every row of one backend on every rank (one thread per rank, one workspace per rank for the whole sweep).
+template <class T, class Platform>
+void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend backend, const std::vector<Point>& pts,
+                 int gpus, int iterations, int warmup, std::vector<Row>& rows) {
+  const int world = topo.world_size;
+  int max_tokens = 1, max_hidden = 0;
+  for (const Point& pt : pts) max_tokens = std::max(max_tokens, pt.tokens);
+  // Points of different hidden sizes get a workspace each.
+  std::vector<int> hiddens;
+  for (const Point& pt : pts) {
+    if (std::find(hiddens.begin(), hiddens.end(), pt.hidden) == hiddens.end()) hiddens.push_back(pt.hidden);
+  }
+  (void)max_hidden;
+  struct Job {
+    Pattern pattern;
+    Point point;
+    Strategy strategy;
+  };
+  for (int hidden : hiddens) {
+    std::vector<Job> jobs;
+    int tokens_here = 1;
+    for (Pattern p : o.patterns) {
+      for (const Point& pt : pts) {
+        if (pt.hidden != hidden) continue;
+        tokens_here = std::max(tokens_here, pt.tokens);
+        for (Strategy s : strategies_for(o, backend)) jobs.push_back({p, pt, s});
+      }
+    }
+    std::vector<Times> times(jobs.size(), Times(static_cast<std::size_t>(world)));
+    std::vector<std::vector<Check>> checks(jobs.size(), std::vector<Check>(static_cast<std::size_t>(world)));
+    std::vector<Strategy> ran(jobs.size(), Strategy::Auto);
+    std::vector<std::string> failures(static_cast<std::size_t>(world));
+    fiar::WorkspaceConfig cfg;
+    cfg.max_token_num = tokens_here;
+    cfg.hidden_dim = hidden;
+    cfg.oneshot_at_max_tokens = true;  // forced one-shot rows at every size
+    cfg.verify_calls = o.verify_calls;
+    fiar::InProcessGroup group(world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        auto boot = group.bootstrap(r);
+        fiar::Topology mine = topo;
+        mine.rank = r;
+        try {
+          std::unique_ptr<Memory> mem;
+          typename Platform::Options popts{};
+          if constexpr (std::is_same_v<Platform, fiar::HostPlatform>) {
+            popts.blocks = 4;
+            popts.lanes = 8;
+            popts.cluster = 2;
+            popts.multicast = o.multicast;
+            mem = std::make_unique<HostMemory>();
+          } else {
+            if (const cudaError_t e = cudaSetDevice(r % gpus); e != cudaSuccess)
+              throw std::runtime_error("cudaSetDevice: " + fiar_cli::describe_cuda(e));
+            mem = std::make_unique<DeviceMemory>(r);
+          }
+          auto ws = fiar::make_workspace<T, Platform>(boot, mine, cfg, backend, popts);
+          for (std::size_t j = 0; j < jobs.size(); ++j) {
+            Strategy got = Strategy::Auto;
+            run_row_dispatch<T, Platform>(jobs[j].pattern, ws, boot, o, mine, jobs[j].point, jobs[j].strategy, *mem,
+                                          iterations, warmup, times[j][static_cast<std::size_t>(r)],
+                                          checks[j][static_cast<std::size_t>(r)], got);
+            if (r == 0) ran[j] = got;
+          }
+        } catch (const std::exception& e) {
+          failures[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::string failure;
+    for (int r = 0; r < world; ++r) {
+      if (!failures[static_cast<std::size_t>(r)].empty() && failure.empty())
+        failure = "rank " + std::to_string(r) + ": " + failures[static_cast<std::size_t>(r)];
+    }
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      Row row;
+      row.tokens = jobs[j].point.tokens;
+      row.hidden = jobs[j].point.hidden;
+      row.size_bytes = static_cast<long long>(row.tokens) * row.hidden * static_cast<long long>(sizeof(T));
+      row.dtype = std::string(fiar::dtype_name<T>());
+      row.pattern = fiar::to_string(jobs[j].pattern);
+      row.backend = std::string(fiar::to_string(backend));
+      row.strategy = std::string(fiar::to_string(jobs[j].strategy));
+      row.ran = backend == fiar::Backend::Nccl ? "nccl" : std::string(fiar::to_string(ran[j]));
+      row.error = failure;
+      // Per iteration the slowest rank; then median, p99, min, max over the iterations.
+      std::vector<double> per_iteration;
+      bool complete = failure.empty();
+      for (int i = 0; i < iterations && complete; ++i) {
+        double slowest = 0;
+        for (int r = 0; r < world; ++r) {
+          const auto& t = times[j][static_cast<std::size_t>(r)];
+          if (t.size() != static_cast<std::size_t>(iterations)) {
+            complete = false;
+            break;
+          }
+          slowest = std::max(slowest, t[static_cast<std::size_t>(i)]);
+        }
+        per_iteration.push_back(slowest);
+      }
+      if (complete) {
+        std::sort(per_iteration.begin(), per_iteration.end());
+        row.time_us = percentile(per_iteration, 0.5);
+        row.p99_us = percentile(per_iteration, 0.99);
+        row.min_us = per_iteration.front();
+        row.max_us = per_iteration.back();
+        row.algbw = row.time_us > 0 ? static_cast<double>(row.size_bytes) / (row.time_us * 1e3) : 0;
+        row.busbw = row.algbw * 2.0 * (world - 1) / world;
+        for (const Check& c : checks[j]) row.wrong += c.mismatches;
+      } else {
+        row.wrong = -1;
+        if (row.error.empty()) row.error = "not run";
+      }
+      rows.push_back(row);
+      std::printf(" %12lld %7d %7d %6s %-29s %-7s %-8s %-8s %10.2f %10.2f %9.2f %9.2f %7ld%s\n", row.size_bytes,
+                  row.tokens, row.hidden, row.dtype.c_str(), row.pattern.c_str(), row.backend.c_str(),
+                  row.strategy.c_str(), row.ran.c_str(), row.time_us, row.p99_us, row.algbw, row.busbw, row.wrong,
+                  row.error.empty() ? "" : ("  FAILED: " + row.error).c_str());
+      std::fflush(stdout);
+    }
+  }
+}
+
+template <class T>
+int run(const Options& o, const std::string& platform, int world, int gpus) {
+  fiar::Topology topo;
+  topo.world_size = world;
+  topo.node_count = o.nodes;
+  topo.multicast_supported = o.multicast;
+  topo.fabric_handles_supported = o.multicast && o.nodes > 1;
+  topo.arch = o.arch;
+  if (platform == "cuda") {
+    fiar::InProcessGroup probe(world);
+    std::vector<fiar::Topology> found(static_cast<std::size_t>(world));
+    std::vector<std::string> failures(static_cast<std::size_t>(world));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          (void)cudaSetDevice(r % gpus);
+          auto boot = probe.bootstrap(r);
+          found[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot).topology;
+        } catch (const std::exception& e) {
+          failures[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& f : failures) {
+      if (!f.empty()) throw std::runtime_error("topology discovery failed: " + f);
+    }
+    topo = found[0];
+  }
+  if (o.plan) return plan<T>(o, topo);
+  const bool host = platform == "host";
+  const bool shared_gpu = !host && world > gpus;
+  // NCCL cannot put two ranks of one communicator on one GPU.
+  const bool nccl_can_run = host || (!shared_gpu && fiar::built_with_nccl);
+  const int iterations = o.iterations.value_or(host ? 5 : 20);
+  const int warmup = o.warmup.value_or(host ? 1 : 5);
+  if (host && o.graph_calls > 0) throw UsageError("-G (CUDA graphs) needs --platform cuda");
+  std::printf("# fiar-bench %s: platform %s, %d rank(s)%s, topology %s\n", fiar::version_string, platform.c_str(),
+              world,
+              host         ? " (host emulator: results checked, times NOT representative)"
+              : shared_gpu ? (" sharing " + std::to_string(gpus) +
+                              " GPU(s): ranks share a GPU, times are not those of "
+                              "one GPU per rank")
+                                 .c_str()
+                           : "",
+              fiar::to_string(topo).c_str());
+  std::printf(
+      "# %d timed call(s) per row after %d warm-up call(s)%s; time: the slowest rank per call, median (p99); "
+      "busbw = algbw x 2(W-1)/W; call digests %s\n",
+      iterations, warmup,
+      o.graph_calls > 0 ? (", " + std::to_string(o.graph_calls) + " calls per CUDA graph").c_str() : "",
+      o.verify_calls ? "on" : "off");
+  if (!nccl_can_run && o.backends.empty()) {
+    std::printf("# no nccl baseline: %s\n",
+                shared_gpu ? "NCCL cannot put two ranks of one communicator on one GPU" : "this build has no NCCL");
+  }
+  std::vector<fiar::Backend> backends;
+  try {
+    backends = backends_for(o, topo, nccl_can_run);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitRejected;
+  }
+  const std::vector<Point> pts = points<T>(o, host);
+  for (fiar::Backend b : backends) {
+    int max_tokens = 1;
+    for (const Point& pt : pts) max_tokens = std::max(max_tokens, pt.tokens);
+    for (const Point& pt : pts) {
+      std::string e;
+      fiar::with_policy(b, [&](auto p) {
+        e = fiar::Workspace<typename decltype(p)::type, T, fiar::HostPlatform>::why_not(
+            topo, fiar::WorkspaceConfig{.max_token_num = max_tokens, .hidden_dim = pt.hidden});
+      });
+      if (!e.empty()) {
+        std::fprintf(stderr, "%s\n", e.c_str());
+        return kExitRejected;
+      }
+    }
+  }
+  std::printf("#%12s %7s %7s %6s %-29s %-7s %-8s %-8s %10s %10s %9s %9s %7s\n", "size(B)", "tokens", "hidden", "dtype",
+              "pattern", "backend", "strategy", "ran", "time(us)", "p99(us)", "algbw", "busbw", "#wrong");
+  std::vector<Row> rows;
+  for (fiar::Backend b : backends) {
+    if (platform == "host") {
+      run_backend<T, fiar::HostPlatform>(o, topo, b, pts, gpus, iterations, warmup, rows);
+    } else {
+      run_backend<T, fiar::CudaPlatform>(o, topo, b, pts, gpus, iterations, warmup, rows);
+    }
+  }
+  write_outputs(o, rows, platform, world, shared_gpu);
+  long wrong = 0;
+  int failed = 0;
+  for (const Row& r : rows) {
+    if (r.wrong < 0 || !r.error.empty()) {
+      ++failed;
+    } else {
+      wrong += r.wrong;
+    }
+  }
+  std::printf("# %zu row(s), %d failed, %ld wrong element(s)\n", rows.size(), failed, wrong);
+  return failed == 0 && wrong == 0 ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  bool help = false;
+  try {
+    o = parse(argc, argv, help);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fiar-bench: %s\n\n%s", e.what(), kUsage);
+    return kExitRejected;
+  }
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  int gpus = 0;
+  std::string no_gpu;
+  const bool have_gpu = !o.plan && usable_gpu(gpus, no_gpu);
+  const std::string platform = o.plan ? "host" : o.platform.empty() ? (have_gpu ? "cuda" : "host") : o.platform;
+  if (platform == "cuda" && !have_gpu) {
+    std::fprintf(stderr, "fiar-bench: --platform cuda needs a usable CUDA device: %s. Fix: use --platform host.\n",
+                 no_gpu.c_str());
+    return kExitRejected;
+  }
+  const int world = o.world_size.value_or(platform == "cuda" ? gpus : 4);
+  try {
+    if (o.dtype == "float") return run<float>(o, platform, world, gpus);
+    if (o.dtype == "half") return run<__half>(o, platform, world, gpus);
+    return run<__nv_bfloat16>(o, platform, world, gpus);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "fiar-bench: %s\n", e.what());
+    return kExitRejected;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitRejected;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fiar-bench: %s\n", e.what());
+    return kExitFailed;
+  }
+}
