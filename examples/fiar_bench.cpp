@@ -418,52 +418,10 @@ template <Pattern P, class T, class Platform>
 void run_row_on_rank(fiar::AnyWorkspace<T, Platform>& ws, fiar::InProcessBootstrap& boot, const Options& o,
                      const fiar::Topology& topo, const Point& pt, Strategy strategy, Memory& mem, int iterations,
                      int warmup, std::vector<double>& times, Check& check, Strategy& ran) {
-  constexpr fiar::PatternTraits kTraits = fiar::pattern_traits(P);
-  constexpr bool fused = kTraits.norm;
-  constexpr bool nvfp4 = kTraits.quant == fiar::Quant::Nvfp4;
-  auto used = [](fiar::FusedTensor t) {
-    return fiar::pattern_traits(P).use[static_cast<int>(t)] != fiar::TensorUse::Unused;
-  };
-  const std::size_t count = static_cast<std::size_t>(pt.tokens) * pt.hidden;
-  const std::size_t bytes = count * sizeof(T);
-  const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
-  const std::size_t sf_bytes = fiar::algo::nvfp4_scale_bytes(pt.tokens, pt.hidden, fiar::ScaleLayout::Swizzled128x4);
-  const float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;
-  std::vector<T> host_in(count), out(count), residual(count), gamma(static_cast<std::size_t>(pt.hidden)), norm(count),
-      residual_out(count);
-  std::vector<std::uint8_t> quant(quant_bytes), block_scales(sf_bytes);
-  std::vector<float> scale_out(static_cast<std::size_t>(pt.tokens));
-  for (std::size_t i = 0; i < count; ++i) {
-    host_in[i] = round_to<T>(input_value(topo.rank, 0, i));
-    residual[i] = round_to<T>(input_value(1000, 0, i));
-  }
-  for (int h = 0; h < pt.hidden; ++h) gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * (h % 5));
-  fiar::FusedArgs<T> a;
-  a.num_tokens = pt.tokens;
-  a.in = static_cast<T*>(mem.alloc(bytes));
-  mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
-  if (used(fiar::FusedTensor::Out)) a.out = static_cast<T*>(mem.alloc(bytes));
-  if (used(fiar::FusedTensor::ResidualIn)) {
-    a.residual_in = static_cast<T*>(mem.alloc(bytes));
-    mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
-  }
-  if (used(fiar::FusedTensor::ResidualOut)) a.residual_out = static_cast<T*>(mem.alloc(bytes));
-  if (used(fiar::FusedTensor::Gamma)) {
-    a.gamma = static_cast<T*>(mem.alloc(static_cast<std::size_t>(pt.hidden) * sizeof(T)));
-    mem.upload(const_cast<T*>(a.gamma), gamma.data(), gamma.size() * sizeof(T));
-  }
-  if (used(fiar::FusedTensor::NormOut)) a.norm_out = static_cast<T*>(mem.alloc(bytes));
-  if (used(fiar::FusedTensor::Scale)) {
-    float* s = static_cast<float*>(mem.alloc(sizeof(float)));
-    mem.upload(s, &scale, sizeof(float));
-    a.scale = s;
-  }
-  if (used(fiar::FusedTensor::QuantOut)) a.quant_out = mem.alloc(quant_bytes);
-  if (used(fiar::FusedTensor::ScaleOut)) a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
-  if (used(fiar::FusedTensor::BlockScaleOut)) a.block_scale_out = mem.alloc(sf_bytes);
+  CallTensors<P, T> tensors(mem, pt.tokens, pt.hidden);
+  tensors.set_inputs(mem, topo.rank, 0);
   mem.sync();
-
-  const auto call = [&] { ws.template run<P>(a, mem.stream(), strategy); };
+  const auto call = [&] { ws.template run<P>(tensors.a, mem.stream(), strategy); };
   for (int i = 0; i < warmup; ++i) call();
   mem.sync();
   ws.check();
@@ -519,18 +477,7 @@ void run_row_on_rank(fiar::AnyWorkspace<T, Platform>& ws, fiar::InProcessBootstr
   ran = ws.last_strategy();
 
   // Every row's outputs, on every rank, against the reference (the inputs are the same on every call).
-  if constexpr (!fused) {
-    mem.download(out.data(), a.out, bytes);
-    verify<T>(out, topo.world_size, 0, check);
-  } else {
-    mem.download(residual_out.data(), a.residual_out, bytes);
-    mem.download(norm.data(), a.norm_out, bytes);
-    if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
-    if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
-    if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
-    verify_fused<T>(P, pt.tokens, pt.hidden, topo.world_size, 0, residual, gamma, residual_out, norm, quant, scale_out,
-                    block_scales, scale, check);
-  }
+  tensors.check(mem, topo.world_size, 0, check);
 }
 
 template <class T, class Platform>

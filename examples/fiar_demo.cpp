@@ -151,82 +151,16 @@ RankResult run_rank(fiar::InProcessBootstrap& boot, const fiar::Topology& topo, 
   auto ws = fiar::make_workspace<T, Platform>(boot, topo, demo_config(o), requested, popts);
   res.backend = ws.backend();
   res.fell_back = ws.fell_back();
-  const std::size_t count = static_cast<std::size_t>(o.tokens) * o.hidden;
-  const std::size_t bytes = count * sizeof(T);
-  // Which tensors the call gets, from the pattern's row of fiar's table (every tensor it uses, optional ones too).
-  constexpr fiar::PatternTraits kTraits = fiar::pattern_traits(P);
-  auto used = [](fiar::FusedTensor t) {
-    return fiar::pattern_traits(P).use[static_cast<int>(t)] != fiar::TensorUse::Unused;
-  };
-  constexpr bool fused = kTraits.norm;
-  constexpr bool nvfp4 = kTraits.quant == fiar::Quant::Nvfp4;
-  const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
-  const std::size_t sf_bytes = fiar::algo::nvfp4_scale_bytes(o.tokens, o.hidden, fiar::ScaleLayout::Swizzled128x4);
-  const float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;  // nvfp4 global scale, or the static fp8 scale
-  std::vector<T> host_in(count), host_out(count), residual(count), gamma(static_cast<std::size_t>(o.hidden)),
-      norm(count), residual_out(count);
-  std::vector<std::uint8_t> quant(quant_bytes), block_scales(sf_bytes);
-  std::vector<float> scale_out(static_cast<std::size_t>(o.tokens));
-  for (int h = 0; h < o.hidden; ++h)
-    gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * static_cast<float>(h % 5));
-  fiar::FusedArgs<T> a;
-  a.num_tokens = o.tokens;
-  a.in = static_cast<T*>(mem.alloc(bytes));
-  a.eps = 1e-6f;
-  if (used(fiar::FusedTensor::Out)) a.out = static_cast<T*>(mem.alloc(bytes));
-  if (used(fiar::FusedTensor::ResidualIn)) a.residual_in = static_cast<T*>(mem.alloc(bytes));
-  if (used(fiar::FusedTensor::ResidualOut)) a.residual_out = static_cast<T*>(mem.alloc(bytes));
-  if (used(fiar::FusedTensor::Gamma)) {
-    a.gamma = static_cast<T*>(mem.alloc(static_cast<std::size_t>(o.hidden) * sizeof(T)));
-    mem.upload(const_cast<T*>(a.gamma), gamma.data(), gamma.size() * sizeof(T));
-  }
-  if (used(fiar::FusedTensor::NormOut)) a.norm_out = static_cast<T*>(mem.alloc(bytes));
-  if (used(fiar::FusedTensor::Scale)) {
-    float* s = static_cast<float*>(mem.alloc(sizeof(float)));
-    mem.upload(s, &scale, sizeof(float));
-    a.scale = s;
-  }
-  if (used(fiar::FusedTensor::QuantOut)) a.quant_out = mem.alloc(quant_bytes);
-  if (used(fiar::FusedTensor::ScaleOut)) a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
-  if (used(fiar::FusedTensor::BlockScaleOut)) a.block_scale_out = mem.alloc(sf_bytes);
-  mem.sync();
+  CallTensors<P, T> call(mem, o.tokens, o.hidden);
   for (int it = 0; it < o.iterations; ++it) {
-    for (std::size_t i = 0; i < count; ++i) {
-      host_in[i] = round_to<T>(input_value(topo.rank, it, i));
-      residual[i] = round_to<T>(input_value(1000, it, i));
-    }
-    mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
-    if constexpr (fused) mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
-    ws.template run<P>(a, mem.stream(), o.strategy);
+    call.set_inputs(mem, topo.rank, it);
+    ws.template run<P>(call.a, mem.stream(), o.strategy);
     mem.sync();
     ws.check();
     res.strategy = ws.last_strategy();
-    if constexpr (!fused) {
-      mem.download(host_out.data(), a.out, bytes);
-      verify<T>(host_out, topo.world_size, it, res);
-    } else {
-      mem.download(residual_out.data(), a.residual_out, bytes);
-      mem.download(norm.data(), a.norm_out, bytes);
-      if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
-      if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
-      if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
-      verify_fused<T>(o.pattern, o.tokens, o.hidden, topo.world_size, it, residual, gamma, residual_out, norm, quant,
-                      scale_out, block_scales, scale, res);
-    }
+    call.check(mem, topo.world_size, it, res);
   }
-  auto append = [&res](const void* p, std::size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    res.last_bytes.insert(res.last_bytes.end(), b, b + n);
-  };
-  if constexpr (!fused) {
-    append(host_out.data(), bytes);
-  } else {
-    append(residual_out.data(), bytes);
-    append(norm.data(), bytes);
-    append(quant.data(), quant.size());
-    append(scale_out.data(), scale_out.size() * 4);
-    append(block_scales.data(), block_scales.size());
-  }
+  res.last_bytes = call.output_bytes();
   return res;
 }
 

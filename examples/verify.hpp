@@ -110,14 +110,14 @@ struct DeviceMemory final : Memory {
   std::vector<void*> blocks;
   explicit DeviceMemory(int rank) {
     if (const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
-      throw std::runtime_error("fiar: cudaStreamCreateWithFlags on rank " + std::to_string(rank) + ": " +
+      throw std::runtime_error("fiar tools: cudaStreamCreateWithFlags on rank " + std::to_string(rank) + ": " +
                                fiar_cli::describe_cuda(e));
     }
   }
   void* alloc(std::size_t bytes) override {
     void* p = nullptr;
     if (const cudaError_t e = cudaMalloc(&p, bytes + 64); e != cudaSuccess) {
-      throw std::runtime_error("fiar: cudaMalloc(" + std::to_string(bytes) + "): " + fiar_cli::describe_cuda(e) +
+      throw std::runtime_error("fiar tools: cudaMalloc(" + std::to_string(bytes) + "): " + fiar_cli::describe_cuda(e) +
                                ". Check free GPU memory (nvidia-smi).");
     }
     (void)cudaMemset(p, 0, bytes + 64);
@@ -234,5 +234,111 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
     }
   }
 }
+
+/// One rank's tensors of one fused call of pattern P (every tensor the pattern uses, the optional ones too, from the
+/// pattern's row of fiar's table), in `mem`: inputs for iteration `it` uploaded by set_inputs(), outputs checked
+/// against the reference by check(), and their bytes (to compare ranks) by output_bytes().
+template <fiar::Pattern P, class T>
+struct CallTensors {
+  static constexpr fiar::PatternTraits kTraits = fiar::pattern_traits(P);
+  static constexpr bool fused = kTraits.norm;
+  static constexpr bool nvfp4 = kTraits.quant == fiar::Quant::Nvfp4;
+  static constexpr bool used(fiar::FusedTensor t) {
+    return kTraits.use[static_cast<int>(t)] != fiar::TensorUse::Unused;
+  }
+
+  int tokens, hidden;
+  std::size_t count, bytes, quant_bytes, sf_bytes;
+  float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;  // nvfp4 global scale, or the static fp8 scale
+  std::vector<T> host_in, out, residual, gamma, norm, residual_out;
+  std::vector<std::uint8_t> quant, block_scales;
+  std::vector<float> scale_out;
+  fiar::FusedArgs<T> a;
+
+  CallTensors(Memory& mem, int num_tokens, int hidden_dim)
+      : tokens(num_tokens),
+        hidden(hidden_dim),
+        count(static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(hidden_dim)),
+        bytes(count * sizeof(T)),
+        quant_bytes(nvfp4 ? count / 2 : count),
+        sf_bytes(fiar::algo::nvfp4_scale_bytes(num_tokens, hidden_dim, fiar::ScaleLayout::Swizzled128x4)),
+        host_in(count),
+        out(count),
+        residual(count),
+        gamma(static_cast<std::size_t>(hidden_dim)),
+        norm(count),
+        residual_out(count),
+        quant(quant_bytes),
+        block_scales(sf_bytes),
+        scale_out(static_cast<std::size_t>(num_tokens)) {
+    for (int h = 0; h < hidden; ++h)
+      gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * static_cast<float>(h % 5));
+    a.num_tokens = tokens;
+    a.in = static_cast<T*>(mem.alloc(bytes));
+    a.eps = 1e-6f;
+    if (used(fiar::FusedTensor::Out)) a.out = static_cast<T*>(mem.alloc(bytes));
+    if (used(fiar::FusedTensor::ResidualIn)) a.residual_in = static_cast<T*>(mem.alloc(bytes));
+    if (used(fiar::FusedTensor::ResidualOut)) a.residual_out = static_cast<T*>(mem.alloc(bytes));
+    if (used(fiar::FusedTensor::Gamma)) {
+      a.gamma = static_cast<T*>(mem.alloc(static_cast<std::size_t>(hidden) * sizeof(T)));
+      mem.upload(const_cast<T*>(a.gamma), gamma.data(), gamma.size() * sizeof(T));
+    }
+    if (used(fiar::FusedTensor::NormOut)) a.norm_out = static_cast<T*>(mem.alloc(bytes));
+    if (used(fiar::FusedTensor::Scale)) {
+      float* s = static_cast<float*>(mem.alloc(sizeof(float)));
+      mem.upload(s, &scale, sizeof(float));
+      a.scale = s;
+    }
+    if (used(fiar::FusedTensor::QuantOut)) a.quant_out = mem.alloc(quant_bytes);
+    if (used(fiar::FusedTensor::ScaleOut)) a.scale_out = static_cast<float*>(mem.alloc(scale_out.size() * 4));
+    if (used(fiar::FusedTensor::BlockScaleOut)) a.block_scale_out = mem.alloc(sf_bytes);
+    mem.sync();
+  }
+
+  /// Rank `rank`'s input (and the residual) of iteration `it`.
+  void set_inputs(Memory& mem, int rank, int it) {
+    for (std::size_t i = 0; i < count; ++i) {
+      host_in[i] = round_to<T>(input_value(rank, it, i));
+      residual[i] = round_to<T>(input_value(1000, it, i));
+    }
+    mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
+    if constexpr (fused) mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
+  }
+
+  /// Downloads the outputs (after the stream finished the call) and checks them as iteration `it` of `world` ranks.
+  void check(Memory& mem, int world, int it, Check& res) {
+    if constexpr (!fused) {
+      mem.download(out.data(), a.out, bytes);
+      verify<T>(out, world, it, res);
+    } else {
+      mem.download(residual_out.data(), a.residual_out, bytes);
+      mem.download(norm.data(), a.norm_out, bytes);
+      if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
+      if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
+      if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
+      verify_fused<T>(P, tokens, hidden, world, it, residual, gamma, residual_out, norm, quant, scale_out, block_scales,
+                      scale, res);
+    }
+  }
+
+  /// The bytes of the outputs check() downloaded last.
+  [[nodiscard]] std::vector<unsigned char> output_bytes() const {
+    std::vector<unsigned char> b;
+    auto append = [&b](const void* p, std::size_t n) {
+      const auto* c = static_cast<const unsigned char*>(p);
+      b.insert(b.end(), c, c + n);
+    };
+    if constexpr (!fused) {
+      append(out.data(), bytes);
+    } else {
+      append(residual_out.data(), bytes);
+      append(norm.data(), bytes);
+      append(quant.data(), quant.size());
+      append(scale_out.data(), scale_out.size() * 4);
+      append(block_scales.data(), block_scales.size());
+    }
+    return b;
+  }
+};
 
 }  // namespace fiar_tools
