@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""CMake consumers of fiar, built as the README says, each configured, compiled (an nvcc and a g++ translation unit)
+and run: fiar by add_subdirectory from the checkout, by FetchContent from its git repository (the checkout's HEAD),
+and by find_package(fiar CONFIG) from a `cmake --install` prefix, whose package must hold no path of the toolkit.
+
+  check_consumer_cmake.py SOURCE_ROOT
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(sys.argv[1])
+PROJECT = os.path.join(ROOT, "test", "consumer", "cmake")
+ARCH = ["-DFIAR_CUDA_ARCHITECTURES=90a"]  # one architecture is enough here
+
+
+def run(cmd, cwd):
+    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    return p.returncode, p.stdout
+
+
+def consumer(tmp, name, defines):
+    build = os.path.join(tmp, name)
+    for cmd in (["cmake", "-S", PROJECT, "-B", build, "-G", "Ninja"] + ARCH + defines,
+                ["cmake", "--build", build], [os.path.join(build, "consumer")]):
+        rc, out = run(cmd, tmp)
+        if rc != 0:
+            return f"FAIL ({name}): {' '.join(cmd)} exited {rc}:\n{out}"
+    if "all-reduce ok" not in out:
+        return f"FAIL ({name}): the consumer ran but did not report its all-reduce:\n{out}"
+    return ""
+
+
+def main() -> int:
+    cmake = shutil.which("cmake")
+    version = re.search(r"(\d+)\.(\d+)", run([cmake, "--version"], ROOT)[1]) if cmake else None
+    if not version or (int(version.group(1)), int(version.group(2))) < (3, 25):
+        print("SKIP: CMake 3.25 or newer is not installed")
+        return 77
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        failures.append(consumer(tmp, "subdirectory", [f"-DFIAR_SOURCE_DIR={ROOT}"]))
+        if os.path.isdir(os.path.join(ROOT, ".git")):
+            rc, head = run(["git", "rev-parse", "HEAD"], ROOT)
+            failures.append(consumer(tmp, "fetchcontent", [f"-DFIAR_GIT_REPOSITORY=file://{ROOT}",
+                                                           f"-DFIAR_GIT_TAG={head.strip()}"]) if rc == 0 else "")
+        prefix = os.path.join(tmp, "prefix")
+        for cmd in (["cmake", "-S", ROOT, "-B", os.path.join(tmp, "fiar"), "-G", "Ninja"],
+                    ["cmake", "--install", os.path.join(tmp, "fiar"), "--prefix", prefix]):
+            rc, out = run(cmd, tmp)
+            if rc != 0:
+                failures.append(f"FAIL (install): {' '.join(cmd)} exited {rc}:\n{out}")
+                break
+        else:
+            targets = os.path.join(prefix, "share", "cmake", "fiar", "fiarTargets.cmake")
+            text = open(targets, encoding="utf-8").read()
+            if "/cuda" in text or "nccl" in text:
+                failures.append(f"FAIL (install): {targets} holds toolkit paths:\n{text}")
+            failures.append(consumer(tmp, "find_package", [f"-DCMAKE_PREFIX_PATH={prefix}"]))
+    failures = [f for f in failures if f]
+    if failures:
+        print("\n".join(failures))
+        return 1
+    print("ok: CMake consumers by add_subdirectory, FetchContent and find_package build and run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
