@@ -121,16 +121,6 @@ long long parse_bytes(std::string_view flag, const std::string& text) {
   return static_cast<long long>(parse_int(flag, digits, 1)) * unit;
 }
 
-Pattern parse_pattern(std::string_view flag, const std::string& value) {
-  std::string list;
-  for (int i = 0; fiar::is_valid(static_cast<Pattern>(i)); ++i) {
-    const auto c = static_cast<Pattern>(i);
-    if (value == fiar::to_string(c)) return c;
-    list += (list.empty() ? "" : ", ") + std::string(fiar::to_string(c));
-  }
-  throw UsageError(std::string(flag) + " " + fiar_cli::quoted(value) + ": expected one of " + list);
-}
-
 Options parse(int argc, char** argv, bool& help) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -161,12 +151,7 @@ Options parse(int argc, char** argv, bool& help) {
       for (const auto& p : split(value)) o.patterns.push_back(parse_pattern(arg, p));
     } else if (arg == "--strategy") {
       o.strategies.clear();
-      for (const auto& s : split(value)) {
-        const std::string c = parse_choice(arg, s, "auto", "oneshot", "twoshot");
-        o.strategies.push_back(c == "oneshot"   ? Strategy::OneShot
-                               : c == "twoshot" ? Strategy::TwoShot
-                                                : Strategy::Auto);
-      }
+      for (const auto& s : split(value)) o.strategies.push_back(parse_strategy(arg, s));
     } else if (arg == "--tokens") {
       o.tokens.clear();
       for (const auto& t : split(value)) o.tokens.push_back(parse_int(arg, t, 1));
@@ -497,14 +482,11 @@ template <class T, class Platform>
 void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend backend, const std::vector<Point>& pts,
                  int gpus, int iterations, int warmup, std::vector<Row>& rows) {
   const int world = topo.world_size;
-  int max_tokens = 1, max_hidden = 0;
-  for (const Point& pt : pts) max_tokens = std::max(max_tokens, pt.tokens);
   // Points of different hidden sizes get a workspace each.
   std::vector<int> hiddens;
   for (const Point& pt : pts) {
     if (std::find(hiddens.begin(), hiddens.end(), pt.hidden) == hiddens.end()) hiddens.push_back(pt.hidden);
   }
-  (void)max_hidden;
   struct Job {
     Pattern pattern;
     Point point;
@@ -546,8 +528,7 @@ void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend bac
             popts.multicast = o.multicast;
             mem = std::make_unique<HostMemory>();
           } else {
-            if (const cudaError_t e = cudaSetDevice(r % gpus); e != cudaSuccess)
-              throw std::runtime_error("cudaSetDevice: " + fiar_cli::describe_cuda(e));
+            use_rank_device(r, gpus);
             mem = std::make_unique<DeviceMemory>(r);
           }
           auto ws = fiar::make_workspace<T, Platform>(boot, mine, cfg, backend, popts);
@@ -620,34 +601,8 @@ void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend bac
 
 template <class T>
 int run(const Options& o, const std::string& platform, int world, int gpus) {
-  fiar::Topology topo;
-  topo.world_size = world;
-  topo.node_count = o.nodes;
-  topo.multicast_supported = o.multicast;
-  topo.fabric_handles_supported = o.multicast && o.nodes > 1;
-  topo.arch = o.arch;
-  if (platform == "cuda") {
-    fiar::InProcessGroup probe(world);
-    std::vector<fiar::Topology> found(static_cast<std::size_t>(world));
-    std::vector<std::string> failures(static_cast<std::size_t>(world));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          (void)cudaSetDevice(r % gpus);
-          auto boot = probe.bootstrap(r);
-          found[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot).topology;
-        } catch (const std::exception& e) {
-          failures[static_cast<std::size_t>(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const auto& f : failures) {
-      if (!f.empty()) throw std::runtime_error("topology discovery failed: " + f);
-    }
-    topo = found[0];
-  }
+  const fiar::Topology topo =
+      platform == "cuda" ? discover_on_gpus(world, gpus).topology : flag_topology(world, o.nodes, o.multicast, o.arch);
   if (o.plan) return plan<T>(o, topo);
   const bool host = platform == "host";
   const bool shared_gpu = !host && world > gpus;
@@ -683,9 +638,9 @@ int run(const Options& o, const std::string& platform, int world, int gpus) {
     return kExitRejected;
   }
   const std::vector<Point> pts = points<T>(o, host);
+  int max_tokens = 1;
+  for (const Point& pt : pts) max_tokens = std::max(max_tokens, pt.tokens);
   for (fiar::Backend b : backends) {
-    int max_tokens = 1;
-    for (const Point& pt : pts) max_tokens = std::max(max_tokens, pt.tokens);
     for (const Point& pt : pts) {
       std::string e;
       fiar::with_policy(b, [&](auto p) {
@@ -737,15 +692,11 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return kExitOk;
   }
-  int gpus = 0;
-  std::string no_gpu;
-  const bool have_gpu = !o.plan && usable_gpu(gpus, no_gpu);
-  const std::string platform = o.plan ? "host" : o.platform.empty() ? (have_gpu ? "cuda" : "host") : o.platform;
-  if (platform == "cuda" && !have_gpu) {
-    std::fprintf(stderr, "fiar-bench: --platform cuda needs a usable CUDA device: %s. Fix: use --platform host.\n",
-                 no_gpu.c_str());
-    return kExitRejected;
-  }
+  // --plan runs nothing: no GPU is looked for.
+  const PlatformChoice choice = o.plan ? PlatformChoice{"host"} : choose_platform("fiar-bench", o.platform);
+  if (choice.platform.empty()) return kExitRejected;
+  const std::string& platform = choice.platform;
+  const int gpus = choice.gpus;
   const int world = o.world_size.value_or(platform == "cuda" ? gpus : 4);
   try {
     if (o.dtype == "float") return run<float>(o, platform, world, gpus);

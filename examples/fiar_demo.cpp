@@ -102,23 +102,9 @@ Options parse(int argc, char** argv, bool& help) {
     } else if (arg == "--iterations") {
       o.iterations = parse_int(arg, value, 1);
     } else if (arg == "--strategy") {
-      const std::string s = parse_choice(arg, value, "auto", "oneshot", "twoshot");
-      o.strategy = s == "oneshot"   ? fiar::Strategy::OneShot
-                   : s == "twoshot" ? fiar::Strategy::TwoShot
-                                    : fiar::Strategy::Auto;
+      o.strategy = parse_strategy(arg, value);
     } else if (arg == "--pattern") {
-      // Every pattern of fiar's table, by its name.
-      std::string list;
-      bool found = false;
-      for (int i = 0; fiar::is_valid(static_cast<fiar::Pattern>(i)); ++i) {
-        const auto c = static_cast<fiar::Pattern>(i);
-        list += (list.empty() ? "" : ", ") + std::string(fiar::to_string(c));
-        if (value == fiar::to_string(c)) {
-          o.pattern = c;
-          found = true;
-        }
-      }
-      if (!found) throw UsageError(std::string(arg) + " " + fiar_cli::quoted(value) + ": expected one of " + list);
+      o.pattern = parse_pattern(arg, value);
     } else {
       throw UsageError("unknown option " + fiar_cli::quoted(arg));
     }
@@ -178,35 +164,12 @@ RankResult run_pattern(fiar::InProcessBootstrap& boot, const fiar::Topology& top
 template <class T>
 int run(const Options& o, const std::string& platform, int world, int gpus, fiar::Backend requested) {
   // The topology: reported by flags on the host emulator, discovered on the GPUs.
-  fiar::Topology topo;
-  topo.world_size = world;
-  topo.node_count = o.nodes;
-  topo.multicast_supported = o.multicast;
-  topo.fabric_handles_supported = o.multicast && o.nodes > 1;
-  topo.arch = o.arch;
+  fiar::Topology topo = flag_topology(world, o.nodes, o.multicast, o.arch);
   std::vector<std::string> notes;
   if (platform == "cuda") {
-    fiar::InProcessGroup probe_group(world);
-    std::vector<fiar::DiscoveryReport> reports(static_cast<std::size_t>(world));
-    std::vector<std::string> failures(static_cast<std::size_t>(world));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          (void)cudaSetDevice(r % gpus);
-          auto boot = probe_group.bootstrap(r);
-          reports[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot);
-        } catch (const std::exception& e) {
-          failures[static_cast<std::size_t>(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const auto& f : failures) {
-      if (!f.empty()) throw std::runtime_error("topology discovery failed: " + f);
-    }
-    topo = reports[0].topology;
-    notes = reports[0].notes;
+    const fiar::DiscoveryReport report = discover_on_gpus(world, gpus);
+    topo = report.topology;
+    notes = report.notes;
   }
   std::printf("topology: %s\n", fiar::to_string(topo).c_str());
   for (const auto& n : notes) std::printf("  note: %s\n", n.c_str());
@@ -270,10 +233,7 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
           popts.multicast = o.multicast && !o.multicast_broken;
           out = run_pattern<T, fiar::HostPlatform>(boot, mine, o, requested, popts, mem);
         } else {
-          if (const cudaError_t e = cudaSetDevice(r % gpus); e != cudaSuccess) {
-            throw std::runtime_error("fiar-demo: cudaSetDevice(" + std::to_string(r % gpus) + ") on rank " +
-                                     std::to_string(r) + ": " + fiar_cli::describe_cuda(e));
-          }
+          use_rank_device(r, gpus);
           DeviceMemory mem(r);
           out = run_pattern<T, fiar::CudaPlatform>(boot, mine, o, requested, fiar::CudaPlatformOptions{}, mem);
         }
@@ -343,21 +303,17 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return kExitOk;
   }
-  int gpus = 0;
-  std::string no_gpu;
-  const bool have_gpu = usable_gpu(gpus, no_gpu);
-  const std::string platform = o.platform.empty() ? (have_gpu ? "cuda" : "host") : o.platform;
-  if (platform == "cuda" && !have_gpu) {
-    std::fprintf(stderr, "fiar-demo: --platform cuda needs a usable CUDA device: %s. Fix: use --platform host.\n",
-                 no_gpu.c_str());
-    return kExitRejected;
-  }
+  const PlatformChoice choice = choose_platform("fiar-demo", o.platform);
+  if (choice.platform.empty()) return kExitRejected;
+  const std::string& platform = choice.platform;
+  const int gpus = choice.gpus;
   const int world = o.world_size.value_or(platform == "cuda" ? gpus : 4);
   std::printf("fiar-demo %s: platform %s%s\n", fiar::version_string, platform.c_str(),
-              platform == "host" ? (" (host emulator; " +
-                                    (have_gpu ? std::string("a GPU is present") : "no usable GPU: " + no_gpu) + ")")
-                                       .c_str()
-                                 : "");
+              platform == "host"
+                  ? (" (host emulator; " +
+                     (gpus > 0 ? std::string("a GPU is present") : "no usable GPU: " + choice.no_gpu) + ")")
+                        .c_str()
+                  : "");
   try {
     if (o.dtype == "float") return run<float>(o, platform, world, gpus, requested);
     if (o.dtype == "half") return run<__half>(o, platform, world, gpus, requested);

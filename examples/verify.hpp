@@ -8,12 +8,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "cli.hpp"
@@ -43,6 +45,86 @@ inline bool usable_gpu(int& count, std::string& why) {
     return false;
   }
   return true;
+}
+
+/// Where a tool runs: the platform asked for, or cuda when a usable GPU exists and host otherwise; `platform` is
+/// empty (and why is printed on stderr) when cuda was asked for without a usable GPU.
+struct PlatformChoice {
+  std::string platform;
+  int gpus = 0;        ///< usable GPUs
+  std::string no_gpu;  ///< why there is none
+};
+inline PlatformChoice choose_platform(std::string_view tool, const std::string& requested) {
+  PlatformChoice c;
+  const bool have_gpu = usable_gpu(c.gpus, c.no_gpu);
+  c.platform = requested.empty() ? (have_gpu ? "cuda" : "host") : requested;
+  if (c.platform == "cuda" && !have_gpu) {
+    std::fprintf(stderr, "%.*s: --platform cuda needs a usable CUDA device: %s. Fix: use --platform host.\n",
+                 static_cast<int>(tool.size()), tool.data(), c.no_gpu.c_str());
+    c.platform.clear();
+  }
+  return c;
+}
+
+/// The pattern named `value` (every pattern of fiar's table, by its name).
+inline fiar::Pattern parse_pattern(std::string_view flag, const std::string& value) {
+  std::string list;
+  for (int i = 0; fiar::is_valid(static_cast<fiar::Pattern>(i)); ++i) {
+    const auto c = static_cast<fiar::Pattern>(i);
+    if (value == fiar::to_string(c)) return c;
+    list += (list.empty() ? "" : ", ") + std::string(fiar::to_string(c));
+  }
+  throw UsageError(std::string(flag) + " " + fiar_cli::quoted(value) + ": expected one of " + list);
+}
+
+/// The strategy named `value`: auto, oneshot or twoshot.
+inline fiar::Strategy parse_strategy(std::string_view flag, std::string_view value) {
+  const std::string s = parse_choice(flag, value, "auto", "oneshot", "twoshot");
+  return s == "oneshot" ? fiar::Strategy::OneShot : s == "twoshot" ? fiar::Strategy::TwoShot : fiar::Strategy::Auto;
+}
+
+/// The topology the tools' flags describe (the host emulator's, and --plan's).
+inline fiar::Topology flag_topology(int world, int nodes, bool multicast, int arch) {
+  fiar::Topology topo;
+  topo.world_size = world;
+  topo.node_count = nodes;
+  topo.multicast_supported = multicast;
+  topo.fabric_handles_supported = multicast && nodes > 1;
+  topo.arch = arch;
+  return topo;
+}
+
+/// Makes rank `rank`'s GPU (rank % gpus) current on this thread, or throws naming it.
+inline void use_rank_device(int rank, int gpus) {
+  if (const cudaError_t e = cudaSetDevice(rank % gpus); e != cudaSuccess) {
+    throw std::runtime_error("fiar tools: cudaSetDevice(" + std::to_string(rank % gpus) + ") on rank " +
+                             std::to_string(rank) + ": " + fiar_cli::describe_cuda(e));
+  }
+}
+
+/// Rank 0's view of the GPUs when `world` ranks (threads of this process) share `gpus` GPUs: every rank runs
+/// discovery on its GPU, as a workspace's ranks would.
+inline fiar::DiscoveryReport discover_on_gpus(int world, int gpus) {
+  fiar::InProcessGroup probe(world);
+  std::vector<fiar::DiscoveryReport> reports(static_cast<std::size_t>(world));
+  std::vector<std::string> failures(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        (void)cudaSetDevice(r % gpus);
+        auto boot = probe.bootstrap(r);
+        reports[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot);
+      } catch (const std::exception& e) {
+        failures[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& f : failures) {
+    if (!f.empty()) throw std::runtime_error("topology discovery failed: " + f);
+  }
+  return reports[0];
 }
 
 /// What the checks of one rank found: elements outside their bound, and the largest error seen.

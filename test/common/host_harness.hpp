@@ -49,6 +49,9 @@ inline fiar::Topology one_node(int world, int rank, int arch = 90) {
 // Each rank's topology, from (world, rank, arch): one_node, or a test's own (nccl: several nodes).
 using TopologyOf = fiar::Topology (*)(int world, int rank, int arch);
 
+// A rank number as an index into the per-rank vectors of a test.
+inline std::size_t at(int rank) { return static_cast<std::size_t>(rank); }
+
 // Runs body(rank, bootstrap) on one thread per rank; returns what each rank threw ("" = nothing).
 inline std::vector<std::string> run_ranks(int world, const std::function<void(int, fiar::InProcessBootstrap&)>& body,
                                           std::chrono::milliseconds bootstrap_timeout = 30s) {

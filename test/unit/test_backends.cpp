@@ -27,6 +27,7 @@
 using namespace std::chrono_literals;
 using fiar::Pattern;
 using fiar::Strategy;
+using fiar_test::at;
 using fiar_test::bits;
 using fiar_test::Cases;
 using fiar_test::FloatCases;
@@ -36,8 +37,6 @@ using fiar_test::require_no_errors;
 using fiar_test::run_ranks;
 
 namespace {
-
-std::size_t at(int i) { return static_cast<std::size_t>(i); }
 
 // Every explicit strategy of the case in turn, and for a backend with several, all of them alternating per call.
 template <class C>

@@ -18,6 +18,7 @@
 using namespace std::chrono_literals;
 using fiar::Pattern;
 using fiar::Strategy;
+using fiar_test::at;
 using fiar_test::Cases;
 using fiar_test::kSmallGrid;
 using fiar_test::LamportCases;
@@ -25,8 +26,6 @@ using fiar_test::require_no_errors;
 using fiar_test::run_ranks;
 
 namespace {
-
-std::size_t at(int i) { return static_cast<std::size_t>(i); }
 
 // What one rank saw: the first call's exception (type and text), a later call's, and how long the first took.
 struct Seen {

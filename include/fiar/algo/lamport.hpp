@@ -64,6 +64,7 @@ inline constexpr std::uint32_t kErrorMismatch = 2;
 /// sentinel.
 struct CallDigest {
   std::uint32_t call, num_tokens, pattern, strategy;
+  friend constexpr bool operator==(const CallDigest&, const CallDigest&) = default;
 };
 inline constexpr std::uint32_t kDigestOneShot = 1;
 inline constexpr std::uint32_t kDigestTwoShot = 2;
@@ -165,9 +166,9 @@ FIAR_HD inline bool wait_for(Ctx& ctx, const std::uint32_t* p, Vec16& v, const P
 
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, const PollSite& site, int peer, bool relayed, bool& ok) {
+FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, const PollSite& site, int peer, bool relayed) {
   Vec16 v = ctx.load16(p);
-  if (exec::has_sentinel(v)) ok = wait_for(ctx, p, v, site, peer, relayed) && ok;
+  if (exec::has_sentinel(v)) wait_for(ctx, p, v, site, peer, relayed);  // a timeout is in the error record
   return v;
 }
 
@@ -446,10 +447,8 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   const exec::TokenSplit split = exec::token_split(ctx);
   for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
     const int owner = t / chunk;
-    finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [&](int v) {
-      bool ok = true;
-      return poll(ctx, p.buffers[p.rank] + gather_slot(t, v), site, owner, true, ok);
-    });
+    finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token,
+                       [&](int v) { return poll(ctx, p.buffers[p.rank] + gather_slot(t, v), site, owner, true); });
   }
   finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 

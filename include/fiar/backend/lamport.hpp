@@ -173,7 +173,7 @@ class LamportWorkspace {
     if (code == algo::kErrorNone) return;
     if ((code & algo::kErrorMismatch) != 0) {
       auto digest = [](const std::uint32_t* w) {
-        return CallDigestText{Pf::read_word(w), Pf::read_word(w + 1), Pf::read_word(w + 2), Pf::read_word(w + 3)};
+        return algo::CallDigest{Pf::read_word(w), Pf::read_word(w + 1), Pf::read_word(w + 2), Pf::read_word(w + 3)};
       };
       throw mismatch_error(call_mismatch_text(kName, topo_.rank, digest(error_->mine),
                                               static_cast<int>(Pf::read_word(&error_->peer)), digest(error_->theirs)));

@@ -151,9 +151,9 @@ class NcclWorkspace<T, HostPlatform> : public NcclWorkspaceBase<T, HostPlatform>
     const auto arrival = static_cast<std::uint32_t>(2 * call + 1);
 
     std::memcpy(data_of(this->topo_.rank), a.in, count * sizeof(T));
-    const CallDigestText mine{static_cast<std::uint32_t>(call & 0x7fffffffu), static_cast<std::uint32_t>(a.num_tokens),
-                              static_cast<std::uint32_t>(P), 0u};
-    publish_digest(mine);
+    const algo::CallDigest mine{static_cast<std::uint32_t>(call & 0x7fffffffu),
+                                static_cast<std::uint32_t>(a.num_tokens), static_cast<std::uint32_t>(P), 0u};
+    if (this->cfg_.verify_calls) publish_digest(mine);
     if (!arrive_and_wait(arrival, deadline, call, "waiting for the input of rank(s) ")) check();
     if (this->cfg_.verify_calls) compare_digests(mine);
     T* sum = P == Pattern::AllReduce ? a.out : sum_.get();
@@ -181,20 +181,19 @@ class NcclWorkspace<T, HostPlatform> : public NcclWorkspaceBase<T, HostPlatform>
   }
   std::uint32_t* digest_of(int rank) const { return blocks_[static_cast<std::size_t>(rank)] + this->topo_.world_size; }
   // Written before this rank's arrival (a release store), read by the peers after they saw it.
-  void publish_digest(const CallDigestText& d) const {
+  void publish_digest(const algo::CallDigest& d) const {
     std::uint32_t* w = digest_of(this->topo_.rank);
     const std::uint32_t words[4] = {d.call, d.num_tokens, d.pattern, d.strategy};
     for (int i = 0; i < 4; ++i) exec::SystemAtomics::store_relaxed(w + i, words[i]);
   }
   // Every rank compares every digest after the first arrival, so all of them raise together on a mismatch (none
   // waits at the second arrival) and none has reduced data from a different call.
-  void compare_digests(const CallDigestText& mine) {
+  void compare_digests(const algo::CallDigest& mine) {
     for (int r = 0; r < this->topo_.world_size; ++r) {
       const std::uint32_t* w = digest_of(r);
-      const CallDigestText theirs{exec::SystemAtomics::load_relaxed(w), exec::SystemAtomics::load_relaxed(w + 1),
-                                  exec::SystemAtomics::load_relaxed(w + 2), exec::SystemAtomics::load_relaxed(w + 3)};
-      if (theirs.call != mine.call || theirs.num_tokens != mine.num_tokens || theirs.pattern != mine.pattern ||
-          theirs.strategy != mine.strategy) {
+      const algo::CallDigest theirs{exec::SystemAtomics::load_relaxed(w), exec::SystemAtomics::load_relaxed(w + 1),
+                                    exec::SystemAtomics::load_relaxed(w + 2), exec::SystemAtomics::load_relaxed(w + 3)};
+      if (!(theirs == mine)) {
         failure_ = call_mismatch_text("nccl", this->topo_.rank, mine, r, theirs);
         mismatch_ = true;
         check();

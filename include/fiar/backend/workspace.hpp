@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../algo/lamport.hpp"
 #include "../comm/agree.hpp"
 #include "../comm/bootstrap.hpp"
 #include "../core/backend.hpp"
@@ -142,25 +143,24 @@ inline std::string call_timeout_text(std::string_view backend, int rank, std::ch
          "the workspace is unusable now, so recreate it on every rank.";
 }
 
-/// A call digest as the error message shows it: call number, num_tokens, pattern, strategy (algo::CallDigest's
-/// words: the pattern as Pattern's value, the strategy 1 one-shot, 2 two-shot, 0 none of fiar's own).
-struct CallDigestText {
-  std::uint32_t call, num_tokens, pattern, strategy;
-  [[nodiscard]] std::string describe() const {
-    const auto pat = static_cast<Pattern>(pattern);
-    const std::string pattern_name =
-        is_valid(pat) ? std::string(to_string(pat)) : "pattern value " + std::to_string(pattern);
-    const char* strategy_name = strategy == 1 ? "oneshot" : strategy == 2 ? "twoshot" : "auto";
-    return "call " + std::to_string(call) + ", num_tokens " + std::to_string(num_tokens) + ", pattern " + pattern_name +
-           ", strategy " + strategy_name;
-  }
-};
+/// A call digest as the error message shows it: "call 3, num_tokens 8, pattern allreduce, strategy oneshot" (strategy
+/// "auto" for a backend without strategies of its own, which sends 0).
+inline std::string call_digest_text(const algo::CallDigest& d) {
+  const auto pat = static_cast<Pattern>(d.pattern);
+  const std::string pattern_name =
+      is_valid(pat) ? std::string(to_string(pat)) : "pattern value " + std::to_string(d.pattern);
+  const char* strategy_name = d.strategy == algo::kDigestOneShot   ? "oneshot"
+                              : d.strategy == algo::kDigestTwoShot ? "twoshot"
+                                                                   : "auto";
+  return "call " + std::to_string(d.call) + ", num_tokens " + std::to_string(d.num_tokens) + ", pattern " +
+         pattern_name + ", strategy " + strategy_name;
+}
 
 /// "fiar: <backend> all-reduce on rank <r> ... does not match rank <p>'s ...": ranks that made different calls.
-inline std::string call_mismatch_text(std::string_view backend, int rank, const CallDigestText& mine, int peer,
-                                      const CallDigestText& theirs) {
+inline std::string call_mismatch_text(std::string_view backend, int rank, const algo::CallDigest& mine, int peer,
+                                      const algo::CallDigest& theirs) {
   return "fiar: " + std::string(backend) + " all-reduce on rank " + std::to_string(rank) + " was called with {" +
-         mine.describe() + "} but rank " + std::to_string(peer) + " with {" + theirs.describe() +
+         call_digest_text(mine) + "} but rank " + std::to_string(peer) + " with {" + call_digest_text(theirs) +
          "}; nothing reduced from the two was returned. Every rank of the group must make the same sequence of calls "
          "with the same num_tokens, pattern and strategy. Fix: make the ranks agree (e.g. pad the batch to the same "
          "num_tokens on every rank); the workspace is unusable now, so recreate it on every rank.";
