@@ -39,6 +39,7 @@ using namespace fiar_tools;
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
 constexpr int kExitRejected = 2;
+static_assert(fiar_cli::kExitUsage == kExitRejected);
 
 constexpr const char* kUsage = R"(usage: fiar-bench [options]
 
@@ -68,8 +69,10 @@ constexpr const char* kUsage = R"(usage: fiar-bench [options]
                               without running and without a GPU
   --sms N                     --plan: SMs per GPU (default 132, H100 / H200)
   --ranks-per-gpu N           --plan: ranks sharing one GPU (default 1)
-  -h, --help
+  -h, --help                  this text
+  --version                   fiar-bench's version
 
+Each option takes its value as --flag value or --flag=value (a short one as -b 256 or -b256).
 exit status: 0 every row ran and matched, 1 a wrong result or a failure, 2 bad command line or configuration
 )";
 
@@ -118,75 +121,59 @@ long long parse_bytes(std::string_view flag, const std::string& text) {
       digits.pop_back();
     }
   }
-  return static_cast<long long>(parse_int(flag, digits, 1)) * unit;
+  try {
+    return static_cast<long long>(parse_int(flag, digits, 1)) * unit;
+  } catch (const UsageError&) {
+    throw UsageError(std::string(flag) + " " + fiar_cli::quoted(text) +
+                     ": expected a size in bytes >= 1, such as 256, 64K, 1M or 2G");
+  }
 }
 
-Options parse(int argc, char** argv, bool& help) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--plan") {
-      o.plan = true;
-      continue;
-    }
-    const auto [arg, value] = fiar_cli::next_option(argc, argv, i);
-    if (arg == "--help") {
-      help = true;
-    } else if (arg == "--platform") {
-      o.platform = parse_choice(arg, value, "host", "cuda");
-    } else if (arg == "--backend") {
-      o.backends.clear();
-      for (const auto& b : split(value)) o.backends.push_back(fiar::parse_backend(b));
-    } else if (arg == "--world-size") {
-      o.world_size = parse_int(arg, value, 1);
-    } else if (arg == "--nodes") {
-      o.nodes = parse_int(arg, value, 1);
-    } else if (arg == "--multicast") {
-      o.multicast = parse_choice(arg, value, "yes", "no") == "yes";
-    } else if (arg == "--arch") {
-      o.arch = parse_choice(arg, value, "sm_90", "sm_100") == "sm_90" ? 90 : 100;
-    } else if (arg == "--dtype") {
-      o.dtype = parse_choice(arg, value, "float", "half", "bf16");
-    } else if (arg == "--pattern") {
-      o.patterns.clear();
-      for (const auto& p : split(value)) o.patterns.push_back(parse_pattern(arg, p));
-    } else if (arg == "--strategy") {
-      o.strategies.clear();
-      for (const auto& s : split(value)) o.strategies.push_back(parse_strategy(arg, s));
-    } else if (arg == "--tokens") {
-      o.tokens.clear();
-      for (const auto& t : split(value)) o.tokens.push_back(parse_int(arg, t, 1));
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(arg, value, 1);
-    } else if (arg == "-b") {
-      o.size_begin = parse_bytes(arg, value);
-    } else if (arg == "-e") {
-      o.size_end = parse_bytes(arg, value);
-    } else if (arg == "-f") {
-      o.size_factor = parse_int(arg, value, 2);
-    } else if (arg == "-n") {
-      o.iterations = parse_int(arg, value, 1);
-    } else if (arg == "-w") {
-      o.warmup = parse_int(arg, value, 0);
-    } else if (arg == "-G") {
-      o.graph_calls = parse_int(arg, value, 0);
-    } else if (arg == "--verify-calls") {
-      o.verify_calls = parse_choice(arg, value, "0", "1") == "1";
-    } else if (arg == "--json") {
-      o.json = value;
-    } else if (arg == "--csv") {
-      o.csv = value;
-    } else if (arg == "--sms") {
-      o.sms = parse_int(arg, value, 1);
-    } else if (arg == "--ranks-per-gpu") {
-      o.ranks_per_gpu = parse_int(arg, value, 1);
-    } else {
-      throw UsageError("unknown option " + fiar_cli::quoted(arg));
-    }
-  }
+void add_options(fiar_cli::CommandLine& cli, Options& o) {
+  using Text = const std::string&;
+  cli.flag("--plan", o.plan);
+  cli.option("--platform", [&o](Text flag, Text v) { o.platform = parse_choice(flag, v, "host", "cuda"); });
+  cli.option("--backend", [&o](Text, Text v) {
+    o.backends.clear();
+    for (const auto& b : split(v)) o.backends.push_back(fiar::parse_backend(b));
+  });
+  cli.option("--world-size", [&o](Text flag, Text v) { o.world_size = parse_int(flag, v, 1); });
+  cli.option("--nodes", [&o](Text flag, Text v) { o.nodes = parse_int(flag, v, 1); });
+  cli.option("--multicast", [&o](Text flag, Text v) { o.multicast = parse_choice(flag, v, "yes", "no") == "yes"; });
+  cli.option("--arch",
+             [&o](Text flag, Text v) { o.arch = parse_choice(flag, v, "sm_90", "sm_100") == "sm_90" ? 90 : 100; });
+  cli.option("--dtype", [&o](Text flag, Text v) { o.dtype = parse_choice(flag, v, "float", "half", "bf16"); });
+  cli.option("--pattern", [&o](Text flag, Text v) {
+    o.patterns.clear();
+    for (const auto& p : split(v)) o.patterns.push_back(parse_pattern(flag, p));
+  });
+  cli.option("--strategy", [&o](Text flag, Text v) {
+    o.strategies.clear();
+    for (const auto& st : split(v)) o.strategies.push_back(parse_strategy(flag, st));
+  });
+  cli.option("--tokens", [&o](Text flag, Text v) {
+    o.tokens.clear();
+    for (const auto& t : split(v)) o.tokens.push_back(parse_int(flag, t, 1));
+  });
+  cli.option("--hidden", [&o](Text flag, Text v) { o.hidden = parse_int(flag, v, 1); });
+  cli.option("-b", [&o](Text flag, Text v) { o.size_begin = parse_bytes(flag, v); });
+  cli.option("-e", [&o](Text flag, Text v) { o.size_end = parse_bytes(flag, v); });
+  cli.option("-f", [&o](Text flag, Text v) { o.size_factor = parse_int(flag, v, 2); });
+  cli.option("-n", [&o](Text flag, Text v) { o.iterations = parse_int(flag, v, 1); });
+  cli.option("-w", [&o](Text flag, Text v) { o.warmup = parse_int(flag, v, 0); });
+  cli.option("-G", [&o](Text flag, Text v) { o.graph_calls = parse_int(flag, v, 0); });
+  cli.option("--verify-calls", [&o](Text flag, Text v) { o.verify_calls = parse_choice(flag, v, "0", "1") == "1"; });
+  cli.option("--json", [&o](Text, Text v) { o.json = v; });
+  cli.option("--csv", [&o](Text, Text v) { o.csv = v; });
+  cli.option("--sms", [&o](Text flag, Text v) { o.sms = parse_int(flag, v, 1); });
+  cli.option("--ranks-per-gpu", [&o](Text flag, Text v) { o.ranks_per_gpu = parse_int(flag, v, 1); });
+}
+
+// The rules across options, once every value is read.
+void check_options(const Options& o) {
   if (o.size_begin.has_value() != o.size_end.has_value()) throw UsageError("-b and -e go together");
   if (o.size_begin && !o.tokens.empty()) throw UsageError("--tokens and -b/-e are two sweeps: pass one of them");
   if (o.size_begin && *o.size_begin > *o.size_end) throw UsageError("-b is larger than -e");
-  return o;
 }
 
 // One point of the sweep.
@@ -681,19 +668,11 @@ int run(const Options& o, const std::string& platform, int world, int gpus) {
 
 int main(int argc, char** argv) {
   Options o;
-  bool help = false;
-  try {
-    o = parse(argc, argv, help);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fiar-bench: %s\n\n%s", e.what(), kUsage);
-    return kExitRejected;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return kExitOk;
-  }
+  fiar_cli::CommandLine cli("fiar-bench", kUsage);
+  add_options(cli, o);
+  if (const auto status = cli.parse(argc, argv, [&] { check_options(o); })) return *status;
   // --plan runs nothing: no GPU is looked for.
-  const PlatformChoice choice = o.plan ? PlatformChoice{"host"} : choose_platform("fiar-bench", o.platform);
+  const PlatformChoice choice = o.plan ? PlatformChoice{"host", 0, ""} : choose_platform("fiar-bench", o.platform);
   if (choice.platform.empty()) return kExitRejected;
   const std::string& platform = choice.platform;
   const int gpus = choice.gpus;
@@ -703,13 +682,12 @@ int main(int argc, char** argv) {
     if (o.dtype == "half") return run<__half>(o, platform, world, gpus);
     return run<__nv_bfloat16>(o, platform, world, gpus);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "fiar-bench: %s\n", e.what());
-    return kExitRejected;
+    return cli.usage_error(e.what());
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    fiar_cli::print_error("fiar-bench", e.what());
     return kExitRejected;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fiar-bench: %s\n", e.what());
+    fiar_cli::print_error("fiar-bench", e.what());
     return kExitFailed;
   }
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // fiar-check — preflight for the all-reduce backend choice.
 // Prints the topology (discovered on this machine, or described with flags), which backends can run on it,
-// what fiar chooses and why; for a rejected choice, the error and its fix.
-// Exit status: 0 the choice is valid, 2 it is rejected, 1 usage error.
+// what fiar chooses and why; for a rejected choice, the error and its fix (on stderr).
+// Exit status: 0 the choice is valid, 1 topology discovery failed, 2 the choice is rejected or the command line is
+// wrong (the same usage status as fiar-demo and fiar-bench).
 #include <fiar/fiar.hpp>
 
 #include "cli.hpp"
@@ -22,8 +23,9 @@ using fiar_cli::parse_int;
 using fiar_cli::UsageError;
 
 constexpr int kExitValid = 0;
-constexpr int kExitUsage = 1;
+constexpr int kExitDiscoveryFailed = 1;
 constexpr int kExitRejected = 2;
+static_assert(fiar_cli::kExitUsage == kExitRejected);
 
 constexpr const char* kUsage = R"(usage: fiar-check [options]
 
@@ -42,8 +44,10 @@ topology options:
 choice:
   --backend NAME         auto, trtllm, mnnvl or nccl (default: $FIAR_ALLREDUCE_BACKEND, else auto)
   -h, --help             this text
+  --version              fiar-check's version
 
-exit status: 0 the choice is valid, 2 it is rejected, 1 usage error
+Each option takes its value as --flag value or --flag=value.
+exit status: 0 the choice is valid, 1 topology discovery failed, 2 the choice is rejected or the command line is wrong
 )";
 
 bool parse_yes_no(std::string_view flag, std::string_view text) {
@@ -69,44 +73,29 @@ struct Options {
   std::optional<int> nodes, gpus_per_node, world_size, rank, arch;
   std::optional<bool> multicast, fabric, peer_access;
   std::optional<std::string> backend;
-  bool help = false;
 
   [[nodiscard]] bool describes_topology() const {
     return nodes || gpus_per_node || world_size || rank || arch || multicast || fabric || peer_access;
   }
 };
 
-Options parse_options(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const auto [arg, value] = fiar_cli::next_option(argc, argv, i);
-    if (arg == "--help") {
-      o.help = true;
-      continue;
-    }
-    if (arg == "--nodes") {
-      o.nodes = parse_int(arg, value, 1);
-    } else if (arg == "--gpus-per-node") {
-      o.gpus_per_node = parse_int(arg, value, 1);
-    } else if (arg == "--world-size") {
-      o.world_size = parse_int(arg, value, 1);
-    } else if (arg == "--rank") {
-      o.rank = parse_int(arg, value, 0);
-    } else if (arg == "--multicast") {
-      o.multicast = parse_yes_no(arg, value);
-    } else if (arg == "--fabric") {
-      o.fabric = parse_yes_no(arg, value);
-    } else if (arg == "--peer-access") {
-      o.peer_access = parse_yes_no(arg, value);
-    } else if (arg == "--arch") {
-      o.arch = parse_arch(value);
-    } else if (arg == "--backend") {
-      o.backend = value;
-    } else {
-      throw UsageError("unknown option " + fiar_cli::quoted(arg));
-    }
-  }
-  return o;
+void add_options(fiar_cli::CommandLine& cli, Options& o) {
+  const auto integer = [&cli](const char* name, std::optional<int>& target, int min) {
+    cli.option(name,
+               [&target, min](const std::string& flag, const std::string& v) { target = parse_int(flag, v, min); });
+  };
+  const auto yes_no = [&cli](const char* name, std::optional<bool>& target) {
+    cli.option(name, [&target](const std::string& flag, const std::string& v) { target = parse_yes_no(flag, v); });
+  };
+  integer("--nodes", o.nodes, 1);
+  integer("--gpus-per-node", o.gpus_per_node, 1);
+  integer("--world-size", o.world_size, 1);
+  integer("--rank", o.rank, 0);
+  yes_no("--multicast", o.multicast);
+  yes_no("--fabric", o.fabric);
+  yes_no("--peer-access", o.peer_access);
+  cli.option("--arch", [&o](const std::string&, const std::string& v) { o.arch = parse_arch(v); });
+  cli.option("--backend", [&o](const std::string&, const std::string& v) { o.backend = v; });
 }
 
 fiar::Topology described_topology(const Options& o) {
@@ -191,12 +180,10 @@ int main(int argc, char** argv) {
   Options opt;
   fiar::Backend requested = fiar::Backend::Auto;
   std::string requested_from = "default";
-  try {
-    opt = parse_options(argc, argv);
-    if (opt.help) {
-      std::fputs(kUsage, stdout);
-      return kExitValid;
-    }
+  fiar::DiscoveryReport report;
+  fiar_cli::CommandLine cli("fiar-check", kUsage);
+  add_options(cli, opt);
+  const auto status = cli.parse(argc, argv, [&] {
     if (opt.backend) {
       requested = fiar::parse_backend(*opt.backend);
       requested_from = "--backend";
@@ -204,24 +191,19 @@ int main(int argc, char** argv) {
       requested = fiar::backend_from_env();
       if (requested != fiar::Backend::Auto) requested_from = fiar::backend_env_var;
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fiar-check: %s\n\n%s", e.what(), kUsage);
-    return kExitUsage;
-  }
+    if (opt.describes_topology()) report.topology = described_topology(opt);
+  });
+  if (status) return *status;
 
-  fiar::DiscoveryReport report;
-  try {
-    if (opt.describes_topology()) {
-      report.topology = described_topology(opt);
-    } else {
+  if (!opt.describes_topology()) {
+    try {
       report = discovered_topology();
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (what.rfind("fiar: ", 0) == 0) what.erase(0, 6);  // one prefix: the tool's
+      fiar_cli::print_error("fiar-check", "topology discovery failed: " + what);
+      return kExitDiscoveryFailed;
     }
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "fiar-check: %s\n\n%s", e.what(), kUsage);
-    return kExitUsage;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fiar-check: topology discovery failed: %s\n", e.what());
-    return kExitUsage;
   }
   const fiar::Topology& t = report.topology;
 
@@ -251,8 +233,9 @@ int main(int argc, char** argv) {
     }
     return kExitValid;
   } catch (const std::invalid_argument& e) {
-    std::printf("choice: REJECTED\n  %s\n", e.what());
-    std::fprintf(stderr, "%s\n", e.what());
+    std::printf("choice: REJECTED (the reason and its fix are on stderr)\n");
+    std::fflush(stdout);
+    fiar_cli::print_error("fiar-check", e.what());
     return kExitRejected;
   }
 }

@@ -2,7 +2,7 @@
 // fiar-demo — runs real all-reduces through fiar and verifies every rank's result against an independent
 // reference: on the GPU (one thread per rank, each with its own stream) or on the host emulator.
 // Exit status: 0 every iteration on every rank matched, 1 a mismatch or failure, 2 the configuration is
-// rejected (the std::invalid_argument message on stderr; nothing run).
+// rejected or the command line is wrong (one message on stderr; nothing run).
 #include <fiar/fiar.hpp>
 
 #include "cli.hpp"
@@ -25,12 +25,12 @@
 namespace {
 
 using fiar_cli::parse_int;
-using fiar_cli::UsageError;
 using namespace fiar_tools;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
 constexpr int kExitRejected = 2;
+static_assert(fiar_cli::kExitUsage == kExitRejected);
 
 constexpr const char* kUsage = R"(usage: fiar-demo [options]
 
@@ -50,9 +50,12 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
   --strategy auto|oneshot|twoshot   (default auto)
   --pattern NAME            allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic
                             or residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+) (default allreduce)
-  -h, --help
+  -h, --help                this text
+  --version                 fiar-demo's version
 
-exit status: 0 all results matched, 1 mismatch or failure, 2 configuration rejected
+Each option takes its value as --flag value or --flag=value. FIAR_LOG_LEVEL=info also logs the workspace's
+backend choice and its reasons (one line).
+exit status: 0 all results matched, 1 mismatch or failure, 2 configuration rejected or bad command line
 )";
 
 struct Options {
@@ -71,45 +74,25 @@ struct Options {
   fiar::Pattern pattern = fiar::Pattern::AllReduce;
 };
 
-Options parse(int argc, char** argv, bool& help) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const auto [arg, value] = fiar_cli::next_option(argc, argv, i);
-    if (arg == "--help") {
-      help = true;
-      continue;
-    }
-    if (arg == "--platform") {
-      o.platform = parse_choice(arg, value, "host", "cuda");
-    } else if (arg == "--backend") {
-      o.backend = fiar::parse_backend(value);
-    } else if (arg == "--world-size") {
-      o.world_size = parse_int(arg, value, 1);
-    } else if (arg == "--nodes") {
-      o.nodes = parse_int(arg, value, 1);
-    } else if (arg == "--multicast") {
-      const std::string m = parse_choice(arg, value, "yes", "no", "broken");
-      o.multicast = m != "no";
-      o.multicast_broken = m == "broken";
-    } else if (arg == "--arch") {
-      o.arch = parse_choice(arg, value, "sm_90", "sm_100") == "sm_90" ? 90 : 100;
-    } else if (arg == "--dtype") {
-      o.dtype = parse_choice(arg, value, "float", "half", "bf16");
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(arg, value, 1);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(arg, value, 1);
-    } else if (arg == "--iterations") {
-      o.iterations = parse_int(arg, value, 1);
-    } else if (arg == "--strategy") {
-      o.strategy = parse_strategy(arg, value);
-    } else if (arg == "--pattern") {
-      o.pattern = parse_pattern(arg, value);
-    } else {
-      throw UsageError("unknown option " + fiar_cli::quoted(arg));
-    }
-  }
-  return o;
+void add_options(fiar_cli::CommandLine& cli, Options& o) {
+  using Text = const std::string&;
+  cli.option("--platform", [&o](Text flag, Text v) { o.platform = parse_choice(flag, v, "host", "cuda"); });
+  cli.option("--backend", [&o](Text, Text v) { o.backend = fiar::parse_backend(v); });
+  cli.option("--world-size", [&o](Text flag, Text v) { o.world_size = parse_int(flag, v, 1); });
+  cli.option("--nodes", [&o](Text flag, Text v) { o.nodes = parse_int(flag, v, 1); });
+  cli.option("--multicast", [&o](Text flag, Text v) {
+    const std::string m = parse_choice(flag, v, "yes", "no", "broken");
+    o.multicast = m != "no";
+    o.multicast_broken = m == "broken";
+  });
+  cli.option("--arch",
+             [&o](Text flag, Text v) { o.arch = parse_choice(flag, v, "sm_90", "sm_100") == "sm_90" ? 90 : 100; });
+  cli.option("--dtype", [&o](Text flag, Text v) { o.dtype = parse_choice(flag, v, "float", "half", "bf16"); });
+  cli.option("--tokens", [&o](Text flag, Text v) { o.tokens = parse_int(flag, v, 1); });
+  cli.option("--hidden", [&o](Text flag, Text v) { o.hidden = parse_int(flag, v, 1); });
+  cli.option("--iterations", [&o](Text flag, Text v) { o.iterations = parse_int(flag, v, 1); });
+  cli.option("--strategy", [&o](Text flag, Text v) { o.strategy = parse_strategy(flag, v); });
+  cli.option("--pattern", [&o](Text flag, Text v) { o.pattern = parse_pattern(flag, v); });
 }
 
 struct RankResult : Check {
@@ -246,8 +229,11 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const RankResult& first = results[0];
   if (first.error.empty()) {
+    const bool warned = fiar::log_enabled(fiar::LogLevel::Warning);
     std::printf("ran: %s%s\n", std::string(fiar::to_string(first.backend)).c_str(),
-                first.fell_back ? " (mnnvl's multicast setup failed; fell back to trtllm, see the warning above)" : "");
+                !first.fell_back ? ""
+                : warned         ? " (mnnvl's multicast setup failed; fell back to trtllm, see the warning above)"
+                                 : " (mnnvl's multicast setup failed; fell back to trtllm)");
   }
   std::printf("pattern: %s\n", fiar::to_string(o.pattern));
   std::printf("shape: %d tokens x %d hidden, %s, %d iteration(s), strategy %s -> %s\n", o.tokens, o.hidden,
@@ -260,11 +246,22 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
   double max_error = 0;
   int failed = 0;
   bool identical = true;
+  std::vector<bool> reported(static_cast<std::size_t>(world), false);
   for (int r = 0; r < world; ++r) {
     const auto& res_r = results[static_cast<std::size_t>(r)];
     if (!res_r.error.empty()) {
-      std::fprintf(stderr, "rank %d failed: %s\n", r, res_r.error.c_str());
       ++failed;
+      if (reported[static_cast<std::size_t>(r)]) continue;
+      // Ranks that failed with the same message (a collective failure is raised on every rank) share one line.
+      std::string others;
+      for (int q = r + 1; q < world; ++q) {
+        if (results[static_cast<std::size_t>(q)].error == res_r.error) {
+          reported[static_cast<std::size_t>(q)] = true;
+          others += (others.empty() ? "" : ", ") + std::to_string(q);
+        }
+      }
+      std::fprintf(stderr, "rank %d failed%s: %s\n", r, others.empty() ? "" : (" (and rank(s) " + others + ")").c_str(),
+                   res_r.error.c_str());
       continue;
     }
     mismatches += res_r.mismatches;
@@ -291,18 +288,10 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
 int main(int argc, char** argv) {
   Options o;
   fiar::Backend requested = fiar::Backend::Auto;
-  bool help = false;
-  try {
-    o = parse(argc, argv, help);
-    requested = o.backend ? *o.backend : fiar::backend_from_env();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fiar-demo: %s\n\n%s", e.what(), kUsage);
-    return kExitRejected;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return kExitOk;
-  }
+  fiar_cli::CommandLine cli("fiar-demo", kUsage);
+  add_options(cli, o);
+  if (const auto status = cli.parse(argc, argv, [&] { requested = o.backend ? *o.backend : fiar::backend_from_env(); }))
+    return *status;
   const PlatformChoice choice = choose_platform("fiar-demo", o.platform);
   if (choice.platform.empty()) return kExitRejected;
   const std::string& platform = choice.platform;
@@ -319,10 +308,10 @@ int main(int argc, char** argv) {
     if (o.dtype == "half") return run<__half>(o, platform, world, gpus, requested);
     return run<__nv_bfloat16>(o, platform, world, gpus, requested);
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    fiar_cli::print_error("fiar-demo", e.what());
     return kExitRejected;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fiar-demo: %s\n", e.what());
+    fiar_cli::print_error("fiar-demo", e.what());
     return kExitFailed;
   }
 }

@@ -24,6 +24,7 @@
 #include "comm/bootstrap.hpp"
 #include "comm/discover.hpp"
 #include "comm/nccl_bootstrap.hpp"
+#include "comm/tcp_bootstrap.hpp"
 
 #include "exec/context.hpp"
 #include "exec/host.hpp"

@@ -158,6 +158,26 @@ static_assert(std::same_as<decltype(built_with_nccl), const bool> && std::same_a
 #if FIAR_HAS_NCCL
 static_assert(Bootstrap<NcclBootstrap>);
 #endif
+// Processes: the TCP bootstrap and the launchers' variables; the host emulator across processes.
+static_assert(Bootstrap<TcpBootstrap> && std::constructible_from<TcpBootstrap, const TcpBootstrapOptions&>);
+static_assert(std::same_as<decltype(TcpBootstrapOptions::from_environment()), TcpBootstrapOptions>);
+static_assert(std::same_as<decltype(launch_environment()), LaunchEnvironment>);
+static_assert(requires(const TcpBootstrap& b, TcpBootstrapOptions o, LaunchEnvironment e, HostPlatform& h,
+                       AnyWorkspace<float, HostPlatform>& w) {
+  { b.options() } -> std::same_as<const TcpBootstrapOptions&>;
+  { o.master_port } -> std::same_as<int&>;
+  { o.master_addr } -> std::same_as<std::string&>;
+  { e.local_rank } -> std::same_as<int&>;
+  { e.source } -> std::same_as<std::string&>;
+  { h.across_processes() } -> std::same_as<bool>;
+  { w.platform() } -> std::same_as<HostPlatform&>;
+});
+
+// Log levels.
+static_assert(severity(LogLevel::Debug) < severity(LogLevel::Info) && parse_log_level("ERROR") == LogLevel::Error);
+static_assert(std::same_as<decltype(log_level()), LogLevel> &&
+              std::same_as<decltype(log_enabled(LogLevel::Info)), bool>);
+
 static_assert(version_major == 0 && version_minor == 1 && std::string_view(version_string) == "0.1.0");
 
 }  // namespace fiar_api_names

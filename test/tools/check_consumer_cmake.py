@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """CMake consumers of fiar, built as the README says, each configured, compiled (an nvcc and a g++ translation unit)
 and run: fiar by add_subdirectory from the checkout, by FetchContent from its git repository (the checkout's HEAD),
-and by find_package(fiar CONFIG) from a `cmake --install` prefix, whose package must hold no path of the toolkit.
+and by find_package(fiar CONFIG) from a `cmake --install` prefix, whose package must hold no path of the toolkit, and
+from a `meson install` prefix.
 
   check_consumer_cmake.py SOURCE_ROOT
 """
@@ -18,8 +19,9 @@ PROJECT = os.path.join(ROOT, "test", "consumer", "cmake")
 ARCH = ["-DFIAR_CUDA_ARCHITECTURES=90a"]  # one architecture is enough here
 
 
-def run(cmd, cwd):
-    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+def run(cmd, cwd, path=None):
+    env = dict(os.environ, PATH=path) if path else None
+    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
     return p.returncode, p.stdout
 
 
@@ -61,11 +63,25 @@ def main() -> int:
             if "/cuda" in text or "nccl" in text:
                 failures.append(f"FAIL (install): {targets} holds toolkit paths:\n{text}")
             failures.append(consumer(tmp, "find_package", [f"-DCMAKE_PREFIX_PATH={prefix}"]))
+        # The same package from a `meson install` prefix (Meson's configure needs nvcc: the one CMake uses).
+        meson_prefix = os.path.join(tmp, "meson-prefix")
+        nvcc = os.environ.get("CUDACXX", "nvcc")
+        env_path = os.path.dirname(nvcc) + os.pathsep + os.environ.get("PATH", "") if os.path.isabs(nvcc) else None
+        for cmd in (["meson", "setup", os.path.join(tmp, "meson-build"), ROOT, f"--prefix={meson_prefix}",
+                     "-Dtests=disabled", "-Dexamples=disabled"],
+                    ["meson", "install", "-C", os.path.join(tmp, "meson-build")]):
+            rc, out = run(cmd, tmp, env_path)
+            if rc != 0:
+                failures.append(f"FAIL (meson install): {' '.join(cmd)} exited {rc}:\n{out}")
+                break
+        else:
+            failures.append(consumer(tmp, "find_package-meson", [f"-DCMAKE_PREFIX_PATH={meson_prefix}"]))
     failures = [f for f in failures if f]
     if failures:
         print("\n".join(failures))
         return 1
-    print("ok: CMake consumers by add_subdirectory, FetchContent and find_package build and run")
+    print("ok: CMake consumers by add_subdirectory, FetchContent and find_package (cmake --install and meson install "
+          "prefixes) build and run")
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""fiar-demo on the host emulator: results verified, exit status 0 / 1 / 2 as documented."""
+"""fiar-demo on the host emulator: results verified, exit status 0 / 1 / 2 as documented; what fiar logs at each
+FIAR_LOG_LEVEL (one fallback warning per group, one info line per workspace)."""
 import os
 import re
 import subprocess
@@ -17,10 +18,11 @@ CASES = [
     # Auto on one node with multicast: mnnvl, no fallback.
     (HOST + SMALL + ["--multicast", "yes"], 0, [r"backend: mnnvl \(auto; trtllm if multicast setup fails\)",
                                                 r"ran: mnnvl\n", r"PASS"]),
-    # Multicast reported but its setup fails on the machine: auto falls back to trtllm, one warning per rank.
+    # Multicast reported but its setup fails on the machine: auto falls back to trtllm, with one warning for the
+    # group (rank 0 logs it), not one per rank.
     (HOST + SMALL + ["--multicast", "broken", "--world-size", "3"], 0,
-     [r"ran: trtllm \(mnnvl's multicast setup failed", r"(?s)(fiar \[warning\] rank \d: backend auto chose mnnvl.*){3}",
-      r"PASS: 3 rank"]),
+     [r"ran: trtllm \(mnnvl's multicast setup failed", r"fiar \[warning\] rank 0: backend auto chose mnnvl",
+      r"falling back to trtllm on all 3 ranks", r"PASS: 3 rank"]),
     # An explicit mnnvl whose setup fails is never replaced.
     (HOST + SMALL + ["--multicast", "broken", "--backend", "mnnvl"], 1, [r"NVLink multicast setup failed", r"FAIL"]),
     # mnnvl and nccl run on the emulator; every strategy and several world sizes.
@@ -57,7 +59,36 @@ CASES = [
     (HOST + ["--dtype", "half", "--pattern", "residual_rmsnorm_fp8_dynamic", "--iterations", "2"], 0, [r"PASS"]),
     # A rank that fails runs nothing to compare: the summary says so, never "0 outside the bound, bit-identical".
     (HOST + SMALL + ["--multicast", "broken", "--backend", "mnnvl"], 1,
-     [r"FAIL: 4 of 4 rank\(s\) failed \(see above\); their results were not verified"]),
+     [r"FAIL: 4 of 4 rank\(s\) failed \(see above\); their results were not verified",
+      r"rank 0 failed \(and rank\(s\) 1, 2, 3\): fiar: NVLink multicast setup failed"]),
+]
+# What fiar logs, by FIAR_LOG_LEVEL: (arguments, environment, expected exit status, {pattern: how many lines match}).
+WARNING = r"^fiar \[warning\] .*backend auto chose mnnvl"
+INFO = r"^fiar \[info\] workspace: backend "
+LOG_CASES = [
+    # Default (warning): exactly one fallback line for the group, short, and no info line.
+    (HOST + SMALL + ["--multicast", "broken", "--world-size", "3"], {}, 0, {WARNING: 1, INFO: 0, r"^fiar \[": 1}),
+    (HOST + SMALL + ["--multicast", "broken", "--world-size", "16"], {}, 0, {WARNING: 1}),
+    (HOST + SMALL, {}, 0, {r"^fiar \[": 0}),
+    # info: one line about the backend choice, with its reasons, per workspace.
+    (HOST + SMALL, {"FIAR_LOG_LEVEL": "info"}, 0,
+     {INFO: 1, r"^fiar \[info\] workspace: backend trtllm \(auto\) for 4 ranks on 1 node, bf16, max 5 tokens x 64; "
+      r"mnnvl cannot run: no NVLink multicast": 1, WARNING: 0}),
+    (HOST + SMALL + ["--backend", "nccl", "--world-size", "2"], {"FIAR_LOG_LEVEL": "INFO"}, 0,
+     {r"^fiar \[info\] workspace: backend nccl \(requested\) for 2 ranks": 1, r"^fiar \[": 1}),
+    (HOST + SMALL + ["--multicast", "broken"], {"FIAR_LOG_LEVEL": "info"}, 0,
+     {WARNING: 1, r"^fiar \[info\] workspace: backend trtllm \(auto; mnnvl's multicast setup failed": 1, INFO: 1}),
+    # debug adds why the multicast setup failed.
+    (HOST + SMALL + ["--multicast", "broken"], {"FIAR_LOG_LEVEL": "debug"}, 0,
+     {WARNING: 1, INFO: 1, r"^fiar \[debug\] workspace: why multicast setup failed: NVLink multicast setup failed": 1}),
+    # error: no warning at all, and the run is the same.
+    (HOST + SMALL + ["--multicast", "broken"], {"FIAR_LOG_LEVEL": "error"}, 0,
+     {r"\[warning\]": 0, r"^fiar \[": 0, r"^ran: trtllm \(mnnvl's multicast setup failed; fell back to trtllm\)$": 1,
+      r"^fiar-demo: PASS": 1}),
+    # An invalid value: one warning naming it and the allowed ones, then warning.
+    (HOST + SMALL + ["--multicast", "broken"], {"FIAR_LOG_LEVEL": "loud"}, 0,
+     {r"^fiar \[warning\] FIAR_LOG_LEVEL='loud' is not a log level; allowed: error, warning, info, debug": 1,
+      WARNING: 1, INFO: 0}),
 ]
 # Every fused pattern x dtype x strategy, verified against the reference.
 for pattern in ("residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp8_dynamic", "residual_rmsnorm_nvfp4"):
@@ -90,7 +121,7 @@ for dtype in ("float", "half", "bf16"):
 
 def main() -> int:
     failures = 0
-    env = {k: v for k, v in os.environ.items() if k != "FIAR_ALLREDUCE_BACKEND"}
+    env = {k: v for k, v in os.environ.items() if k not in ("FIAR_ALLREDUCE_BACKEND", "FIAR_LOG_LEVEL")}
     for args, want, patterns in CASES:
         p = subprocess.run([EXE] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=300)
@@ -102,7 +133,26 @@ def main() -> int:
         else:
             print(f"ok: fiar-demo {' '.join(args)} -> {p.returncode}")
     print(f"{len(CASES) - failures} of {len(CASES)} fiar-demo cases passed")
-    return 1 if failures else 0
+    log_failures = 0
+    for args, env_add, want, counts in LOG_CASES:
+        p = subprocess.run([EXE] + args, env={**env, **env_add}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=300)
+        problems = [] if p.returncode == want else [f"exit status {p.returncode}, expected {want}"]
+        lines = p.stdout.splitlines()
+        for pat, n in counts.items():
+            got = sum(1 for line in lines if re.search(pat, line))
+            if got != n:
+                problems.append(f"{got} line(s) match /{pat}/, expected {n}")
+        problems += [f"a log line of {len(line)} characters: {line}" for line in lines
+                     if re.search(WARNING, line) and len(line) > 230]
+        label = f"{' '.join(f'{k}={v}' for k, v in env_add.items())} fiar-demo {' '.join(args)}"
+        if problems:
+            log_failures += 1
+            print(f"FAIL: {label}: {'; '.join(problems)}\n{p.stdout}")
+        else:
+            print(f"ok: {label} -> {p.returncode}")
+    print(f"{len(LOG_CASES) - log_failures} of {len(LOG_CASES)} FIAR_LOG_LEVEL cases passed")
+    return 1 if failures or log_failures else 0
 
 
 if __name__ == "__main__":

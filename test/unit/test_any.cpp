@@ -36,12 +36,13 @@ fiar::Topology group(int world, int rank, int nodes, bool multicast, bool fabric
 // Captures what fiar logs while alive, and restores the previous sink.
 struct LogCapture {
   std::mutex mutex;
-  std::vector<std::string> warnings;
+  std::vector<std::string> warnings, debug;
   fiar::LogSink previous;
   LogCapture() {
     previous = fiar::set_log_sink([this](fiar::LogLevel level, std::string_view message) {
       std::lock_guard lock(mutex);
       if (level == fiar::LogLevel::Warning) warnings.emplace_back(message);
+      if (level == fiar::LogLevel::Debug) debug.emplace_back(message);
     });
   }
   ~LogCapture() { fiar::set_log_sink(previous); }
@@ -113,11 +114,12 @@ TEST_CASE("make_workspace: auto's mnnvl falls back to trtllm on one node when mu
     CHECK(o.resolved == Backend::Mnnvl);
     CHECK(o.fell_back);
   }
-  REQUIRE(log.warnings.size() == 4);  // one per rank, none per call
-  for (const auto& w : log.warnings) {
-    CHECK(w.find("falling back to trtllm") != std::string::npos);
-    CHECK(w.find("rank 2 runs on an (emulated) machine without multicast") != std::string::npos);
-  }
+  REQUIRE(log.warnings.size() == 1);  // one per group (rank 0's), none per call
+  CHECK(log.warnings[0].find("rank 0: backend auto chose mnnvl") != std::string::npos);
+  CHECK(log.warnings[0].find("falling back to trtllm on all 4 ranks") != std::string::npos);
+  // Why the setup failed: at debug level, once.
+  REQUIRE(log.debug.size() == 1);
+  CHECK(log.debug[0].find("rank 2 runs on an (emulated) machine without multicast") != std::string::npos);
 }
 
 TEST_CASE("make_workspace: an explicit mnnvl is never replaced: its setup failure is the error, on every rank",

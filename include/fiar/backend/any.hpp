@@ -6,7 +6,8 @@
 // rank-local mistake (a malformed topology, a bad Backend value, a bad FIAR_ALLREDUCE_BACKEND) and an explicit request
 // that cannot run throw std::invalid_argument on every rank before anything is allocated; an explicit request is
 // never replaced by another backend. Auto falls back only where the chosen policy names a fallback (mnnvl: trtllm),
-// the resolution allows it, and the setup failed with fiar::multicast_error, with one warning per rank (core/log.hpp).
+// the resolution allows it, and the setup failed with fiar::multicast_error, with one warning for the group (logged by
+// rank 0, core/log.hpp); at info, rank 0 also logs the choice and its reasons, once per workspace.
 #pragma once
 
 #include <algorithm>
@@ -107,6 +108,10 @@ class AnyWorkspace {
   void check() const {
     visit([](const auto& ws) { ws.check(); });
   }
+  /// The platform the workspace runs on (its memory, its launches).
+  [[nodiscard]] Pf& platform() {
+    return visit([](auto& ws) -> Pf& { return ws.platform(); });
+  }
 
  private:
   template <class F>
@@ -198,12 +203,41 @@ std::pair<Backend, Topology> agree_on_choice(B& boot, std::optional<Backend> req
   return {static_cast<Backend>(all[0].requested), merged};
 }
 
+// The info line of a workspace's backend choice: what runs, why (auto: why each better backend cannot run; after
+// a fallback, that the multicast setup failed), for which group and shape.
+template <ReduceType T>
+std::string describe_choice(Backend ran, Backend agreed_request, bool from_env, const Resolution& res,
+                            const Topology& merged, const WorkspaceConfig& config, bool fell_back) {
+  std::string why = agreed_request != Backend::Auto
+                        ? (from_env ? std::string(backend_env_var) + "=" + std::string(to_string(agreed_request))
+                                    : std::string("requested"))
+                        : std::string("auto");
+  if (fell_back) why += "; " + std::string(to_string(res.backend)) + "'s multicast setup failed, fell back";
+  std::string line = "workspace: backend " + std::string(to_string(ran)) + " (" + why + ") for " +
+                     std::to_string(merged.world_size) + (merged.world_size == 1 ? " rank" : " ranks") + " on " +
+                     std::to_string(merged.node_count) + (merged.node_count == 1 ? " node" : " nodes") + ", " +
+                     std::string(dtype_name<T>()) + ", max " + std::to_string(config.max_token_num) + " tokens x " +
+                     std::to_string(config.hidden_dim);
+  if (agreed_request == Backend::Auto) {
+    find_first(BackendPolicies{}, [&](auto p) {
+      const Backend b = decltype(p)::type::backend;
+      if (b == res.backend) return true;
+      line += "; " + std::string(to_string(b)) + " cannot run: " + why_not(b, merged);
+      return false;
+    });
+    if (res.allow_trtllm_fallback && !fell_back) line += "; trtllm if multicast setup fails";
+  }
+  return line;
+}
+
 template <ReduceType T, class Pf, Bootstrap B>
 AnyWorkspace<T, Pf> make_workspace(B& boot, const Topology& topology, const WorkspaceConfig& config,
                                    std::optional<Backend> requested, const typename Pf::Options& options) {
   auto [agreed_request, merged] = agree_on_choice(boot, requested, topology);
   merged.rank = topology.rank;
   const Resolution res = resolve_backend(agreed_request, merged);  // the same on every rank, or the same error
+  // Every rank reaches the same decisions below (they are agreed collectively), so rank 0 speaks for the group.
+  const bool speaks = merged.rank == 0;
   std::optional<AnyWorkspace<T, Pf>> made;
   Backend fallback = Backend::Auto;
   with_policy(res.backend, [&](auto p) {
@@ -215,12 +249,17 @@ AnyWorkspace<T, Pf> make_workspace(B& boot, const Topology& topology, const Work
         // Thrown on every rank alike (the platform agrees on the failure), so every rank decides the same here.
         if (!res.allow_trtllm_fallback) throw;
         fallback = P::setup_fallback;
-        log(LogLevel::Warning, "rank " + std::to_string(merged.rank) + ": backend auto chose " +
-                                   std::string(to_string(P::backend)) +
-                                   ", but NVLink multicast could not be set up; falling back to " +
-                                   std::string(to_string(fallback)) + ", which this single-node group can run. Set " +
-                                   std::string(backend_env_var) + "=" + std::string(to_string(fallback)) +
-                                   " to skip the attempt. Why multicast failed: " + without_fiar_prefix(e.what()));
+        if (speaks) {
+          const std::string to = std::string(to_string(fallback));
+          log(LogLevel::Warning, "rank 0: backend auto chose " + std::string(to_string(P::backend)) +
+                                     ", but NVLink multicast could not be set up; falling back to " + to + " on all " +
+                                     std::to_string(merged.world_size) + " ranks. " + std::string(backend_env_var) +
+                                     "=" + to + " skips the attempt; " + std::string(log_level_env_var) +
+                                     "=debug says why.");
+          if (log_enabled(LogLevel::Debug)) {
+            log(LogLevel::Debug, "workspace: why multicast setup failed: " + without_fiar_prefix(e.what()));
+          }
+        }
       }
     } else {
       made.emplace(Workspace<P, T, Pf>(boot, merged, config, options), res, false);
@@ -231,6 +270,10 @@ AnyWorkspace<T, Pf> make_workspace(B& boot, const Topology& topology, const Work
       using P = typename decltype(p)::type;
       made.emplace(Workspace<P, T, Pf>(boot, merged, config, options), res, true);
     });
+  }
+  if (speaks && log_enabled(LogLevel::Info)) {
+    log(LogLevel::Info, describe_choice<T>(made->backend(), agreed_request, !requested.has_value(), res, merged, config,
+                                           made->fell_back()));
   }
   return std::move(*made);
 }

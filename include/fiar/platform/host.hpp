@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// fiar/platform/host.hpp — HostPlatform: the ranks of a group are threads of one process and their "GPU memory" is
-// host memory; operations run on the host emulator (exec/host.hpp).
+// fiar/platform/host.hpp — HostPlatform: the ranks of a group are threads of one process, or processes of one machine,
+// and their "GPU memory" is host memory (POSIX shared memory across processes); operations run on the host emulator
+// (exec/host.hpp).
 // Contract: every operation runs unchanged on it (launch<Op>); calls are synchronous; it needs no GPU and no driver;
 // its collective setup steps fail on every rank alike (comm/agree.hpp).
 #pragma once
@@ -29,6 +30,7 @@
 #include "../exec/context.hpp"
 #include "../exec/host.hpp"
 #include "../exec/operation.hpp"
+#include "../runtime/posix.hpp"
 #include "region.hpp"
 
 FIAR_BEGIN_NAMESPACE
@@ -61,22 +63,24 @@ class HostPlatform {
   }
 
   /// Collective: allocates `bytes` of rank-visible memory per rank (zero-filled) and returns, in rank
-  /// order, where each rank's block is seen from this rank. All ranks must live in this process. Every
-  /// rank co-owns every block, so a rank that leaves early (or fails) cannot free memory its peers may
-  /// still write into.
+  /// order, where each rank's block is seen from this rank. The ranks may be threads of one process (plain host
+  /// memory) or processes of one machine (a POSIX shared-memory segment per rank, mapped by every rank; its name is
+  /// removed as soon as every rank has mapped it, so nothing outlives the processes). Every rank co-owns every
+  /// block, so a rank that leaves early (or fails, or dies) cannot free memory its peers may still write into.
   template <Bootstrap B>
   std::vector<std::uint32_t*> allocate_shared(B& boot, std::size_t bytes) {
-    const auto pids =
-        detail::agree(boot, init_, static_cast<std::int64_t>(::getpid()), "HostPlatform setup failed on rank {rank}");
-    for (std::size_t r = 0; r < pids.size(); ++r) {
-      if (pids[r] != pids[0]) {
-        throw std::invalid_argument("fiar: HostPlatform needs every rank in one process, but rank " +
-                                    std::to_string(r) + " runs in process " + std::to_string(pids[r]) +
-                                    " and rank 0 in " + std::to_string(pids[0]) +
-                                    ". Fix: use CudaPlatform across processes, or run the ranks as threads "
-                                    "(InProcessGroup).");
+    const auto processes =
+        detail::agree(boot, init_, detail::this_process(), "HostPlatform setup failed on rank {rank}");
+    bool one_process = true;
+    for (std::size_t r = 0; r < processes.size(); ++r) {
+      if (processes[r].boot != processes[0].boot) {
+        throw std::invalid_argument("fiar: HostPlatform needs every rank on one machine, but rank " +
+                                    std::to_string(r) + " runs under another kernel than rank 0 (another boot id)" +
+                                    ". Fix: use CudaPlatform across machines; the host emulator shares host memory.");
       }
+      one_process = one_process && processes[r] == processes[0];
     }
+    if (!one_process) return allocate_across_processes(boot, bytes);
     std::shared_ptr<std::uint32_t> mine(allocate_words(bytes).release(), FreeDeleter{});
     const auto key = reinterpret_cast<std::uintptr_t>(mine.get());
     {
@@ -99,6 +103,9 @@ class HostPlatform {
     }
     return peers;
   }
+
+  /// Whether the last allocate_shared mapped POSIX shared memory (its ranks run in more than one process).
+  [[nodiscard]] bool across_processes() const noexcept { return across_processes_; }
 
   /// Collective: allocate_shared, plus the group's emulated multicast object over those blocks: a store
   /// through the returned view lands in every rank's block (HostCtx::multicast_store16 plays the switch).
@@ -183,6 +190,57 @@ class HostPlatform {
     return Block(static_cast<std::uint32_t*>(p));
   }
 
+  // allocate_shared when the ranks are processes: each rank creates a segment, every rank maps every segment, then
+  // each rank removes its segment's name (the mappings keep the memory until the last process unmaps it or exits).
+  template <Bootstrap B>
+  std::vector<std::uint32_t*> allocate_across_processes(B& boot, std::size_t bytes) {
+    struct Name {
+      std::array<char, 96> text{};
+    };
+    const std::size_t rounded = (bytes + 63) / 64 * 64 + 64;
+    std::string own_name;
+    std::shared_ptr<std::uint32_t> own;
+    Name mine;
+    const auto created = detail::attempt([&] {
+      detail::remove_stale_segments();
+      own_name = "/" + std::string(detail::kHostSegmentPrefix) + std::to_string(::getpid()) + "-" +
+                 std::to_string(detail::random_id());
+      own = detail::create_segment(own_name, rounded);
+      std::memcpy(mine.text.data(), own_name.data(), std::min(own_name.size(), mine.text.size() - 1));
+    });
+    const auto unlink_own = [&] {
+      if (own) (void)::shm_unlink(own_name.c_str());
+    };
+    std::vector<Name> names;
+    try {
+      names = detail::agree(boot, created, mine, "HostPlatform shared memory setup failed on rank {rank}");
+    } catch (...) {
+      unlink_own();
+      throw;
+    }
+    std::vector<std::shared_ptr<std::uint32_t>> maps(names.size());
+    const auto mapped = detail::attempt([&] {
+      for (std::size_t r = 0; r < names.size(); ++r) {
+        maps[r] = static_cast<int>(r) == boot.rank() ? own : detail::open_segment(names[r].text.data(), rounded);
+      }
+    });
+    try {
+      // Once this returns, every rank has mapped every segment: the names can go.
+      detail::agree(boot, mapped, "HostPlatform shared memory setup failed on rank {rank}");
+    } catch (...) {
+      unlink_own();
+      throw;
+    }
+    unlink_own();
+    across_processes_ = true;
+    std::vector<std::uint32_t*> peers;
+    for (auto& m : maps) {
+      peers.push_back(m.get());
+      shared_.push_back(std::move(m));
+    }
+    return peers;
+  }
+
   // Blocks being handed over between the ranks of a group during allocate_shared.
   static std::mutex& registry_mutex() {
     static std::mutex m;
@@ -200,6 +258,7 @@ class HostPlatform {
   detail::StepOutcome init_;  ///< the constructor's failure (a bad grid), raised by the first collective
   std::vector<std::shared_ptr<std::uint32_t>> shared_;  // every rank's block, co-owned
   std::vector<Block> locals_;
+  bool across_processes_ = false;
 };
 
 FIAR_END_NAMESPACE

@@ -6,8 +6,11 @@
 // Knows nothing of fiar's protocols: callers say what the descriptors are and add their own advice.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -20,8 +23,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -270,6 +275,81 @@ inline std::vector<UniqueFd> receive_fds(const std::string& name, std::uint64_t 
                      EPROTO, false);
   }
   return fds;
+}
+
+// ---- POSIX shared memory (the host emulator's memory when its ranks are processes) ----
+
+/// The prefix of the shared-memory segments the host emulator creates: "fiar-host-<pid>-<id>" under /dev/shm.
+inline constexpr const char* kHostSegmentPrefix = "fiar-host-";
+
+/// A mapping of a whole segment, unmapped when the last owner lets go (the segment's name may be gone long before).
+inline std::shared_ptr<std::uint32_t> map_segment(int fd, std::size_t bytes, const std::string& name) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    throw PosixError("fiar: mmap of the shared-memory segment " + name + " (" + std::to_string(bytes) +
+                         " bytes) failed: " + std::strerror(errno),
+                     errno, false);
+  }
+  return std::shared_ptr<std::uint32_t>(static_cast<std::uint32_t*>(p),
+                                        [bytes](std::uint32_t* q) { (void)::munmap(q, bytes); });
+}
+
+/// Creates segment `name` ("/..."), `bytes` long and zero-filled, readable and writable by this user only, and maps
+/// it. The caller unlinks the name once every peer has mapped it.
+inline std::shared_ptr<std::uint32_t> create_segment(const std::string& name, std::size_t bytes) {
+  UniqueFd fd(::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    throw PosixError("fiar: shm_open(O_CREAT) of the shared-memory segment " + name +
+                         " failed: " + std::strerror(errno) + " (is /dev/shm mounted and writable?)",
+                     errno, false);
+  }
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    const int error = errno;
+    (void)::shm_unlink(name.c_str());
+    throw PosixError("fiar: ftruncate of the shared-memory segment " + name + " to " + std::to_string(bytes) +
+                         " bytes failed: " + std::strerror(error) + " (is /dev/shm full?)",
+                     error, false);
+  }
+  try {
+    return map_segment(fd.get(), bytes, name);
+  } catch (...) {
+    (void)::shm_unlink(name.c_str());
+    throw;
+  }
+}
+
+/// Maps the existing segment `name`, which must be at least `bytes` long.
+inline std::shared_ptr<std::uint32_t> open_segment(const std::string& name, std::size_t bytes) {
+  UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
+  if (!fd.valid()) {
+    throw PosixError("fiar: shm_open of the shared-memory segment " + name + " failed: " + std::strerror(errno) +
+                         " (do the ranks share one machine and one /dev/shm?)",
+                     errno, false);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
+    throw PosixError("fiar: the shared-memory segment " + name + " holds " + std::to_string(st.st_size) +
+                         " bytes, fewer than the " + std::to_string(bytes) + " this rank expects",
+                     EPROTO, false);
+  }
+  return map_segment(fd.get(), bytes, name);
+}
+
+/// Removes the host emulator's segments of this user that a process now gone left behind (it was killed between
+/// creating a segment and the group's agreement, the only window in which a name exists).
+inline void remove_stale_segments() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  const std::string prefix = kHostSegmentPrefix;
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string entry = e->d_name;
+    if (entry.rfind(prefix, 0) != 0) continue;
+    const long pid = std::strtol(entry.c_str() + prefix.size(), nullptr, 10);
+    struct stat st {};
+    if (pid <= 0 || ::stat(("/dev/shm/" + entry).c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) (void)::shm_unlink(("/" + entry).c_str());
+  }
+  ::closedir(dir);
 }
 
 }  // namespace detail
