@@ -53,7 +53,8 @@ constexpr const char* kUsage = R"(usage: fiar-bench [options]
   --dtype float|half|bf16     element type (default bf16)
   --pattern LIST              allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic,
                               residual_rmsnorm_nvfp4 (default allreduce)
-  --strategy LIST             auto, oneshot, twoshot (default: all three on trtllm / mnnvl; nccl runs auto)
+  --strategy LIST             auto, oneshot, twoshot, multimem (default: one-shot, two-shot and auto on trtllm,
+                              the same plus multimem on mnnvl; nccl runs auto; multimem rows run on mnnvl only)
   --tokens LIST               tokens per call (default 1,2,4,...,512; host emulator 1,4,16)
   --hidden N                  hidden size (default 8192; host emulator 1024)
   -b BYTES, -e BYTES, -f F    instead of --tokens: sizes per rank from -b to -e, times F each step (default F 2);
@@ -294,8 +295,17 @@ void write_outputs(const Options& o, const std::vector<Row>& rows, const std::st
 
 std::vector<Strategy> strategies_for(const Options& o, fiar::Backend b) {
   if (b == fiar::Backend::Nccl) return {Strategy::Auto};
-  return o.strategies.empty() ? std::vector<Strategy>{Strategy::OneShot, Strategy::TwoShot, Strategy::Auto}
-                              : o.strategies;
+  std::vector<Strategy> out;
+  if (o.strategies.empty()) {
+    out = {Strategy::OneShot, Strategy::TwoShot, Strategy::Auto};
+    if (b == fiar::Backend::Mnnvl) out.insert(out.begin() + 2, Strategy::Multimem);
+    return out;
+  }
+  // The in-switch reduction exists on mnnvl only: other backends leave those rows out.
+  for (Strategy s : o.strategies) {
+    if (s != Strategy::Multimem || b == fiar::Backend::Mnnvl) out.push_back(s);
+  }
+  return out;
 }
 
 // The backends of the run: the requested ones resolved against the topology (auto: fiar's choice), plus the nccl
@@ -493,6 +503,7 @@ void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend bac
     std::vector<std::vector<Check>> checks(jobs.size(), std::vector<Check>(static_cast<std::size_t>(world)));
     std::vector<Strategy> ran(jobs.size(), Strategy::Auto);
     std::vector<std::string> failures(static_cast<std::size_t>(world));
+    bool nccl_symmetric = false;  // written by rank 0's thread before the join
     fiar::WorkspaceConfig cfg;
     cfg.max_token_num = tokens_here;
     cfg.hidden_dim = hidden;
@@ -519,6 +530,11 @@ void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend bac
             mem = std::make_unique<DeviceMemory>(r);
           }
           auto ws = fiar::make_workspace<T, Platform>(boot, mine, cfg, backend, popts);
+          if constexpr (std::is_same_v<Platform, fiar::CudaPlatform>) {
+            // Which ncclAllReduce the nccl rows measure: NCCL's symmetric kernels or the classic ones.
+            if (auto* n = ws.template get_if<fiar::NcclPolicy>(); n != nullptr && r == 0)
+              nccl_symmetric = n->nccl_symmetric();
+          }
           for (std::size_t j = 0; j < jobs.size(); ++j) {
             Strategy got = Strategy::Auto;
             run_row_dispatch<T, Platform>(jobs[j].pattern, ws, boot, o, mine, jobs[j].point, jobs[j].strategy, *mem,
@@ -546,7 +562,9 @@ void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend bac
       row.pattern = fiar::to_string(jobs[j].pattern);
       row.backend = std::string(fiar::to_string(backend));
       row.strategy = std::string(fiar::to_string(jobs[j].strategy));
-      row.ran = backend == fiar::Backend::Nccl ? "nccl" : std::string(fiar::to_string(ran[j]));
+      row.ran = backend != fiar::Backend::Nccl ? std::string(fiar::to_string(ran[j]))
+                : nccl_symmetric               ? "nccl-symmetric"
+                                               : "nccl";
       row.error = failure;
       // Per iteration the slowest rank; then median, p99, min, max over the iterations.
       std::vector<double> per_iteration;

@@ -41,6 +41,9 @@ topology options:
   --fabric yes|no        fabric handles (IMEX) on every rank (default no)
   --peer-access yes|no   ranks of a node can map each other's memory (default yes)
   --arch sm_XY           lowest GPU architecture of the group, e.g. sm_90, sm_100 (default unknown)
+  --interconnect pcie|nvlink|unknown
+                         how the GPUs of a node reach each other (default unknown; with no other topology
+                         option it overrides what discovery found)
 choice:
   --backend NAME         auto, trtllm, mnnvl or nccl (default: $FIAR_ALLREDUCE_BACKEND, else auto)
   -h, --help             this text
@@ -69,9 +72,17 @@ int parse_arch(std::string_view text) {
   return v;
 }
 
+fiar::Interconnect parse_interconnect(std::string_view flag, std::string_view text) {
+  for (const auto i : {fiar::Interconnect::Pcie, fiar::Interconnect::NvLink, fiar::Interconnect::Unknown}) {
+    if (text == fiar::to_string(i)) return i;
+  }
+  throw UsageError(std::string(flag) + " " + fiar_cli::quoted(text) + ": expected pcie, nvlink or unknown");
+}
+
 struct Options {
   std::optional<int> nodes, gpus_per_node, world_size, rank, arch;
   std::optional<bool> multicast, fabric, peer_access;
+  std::optional<fiar::Interconnect> interconnect;
   std::optional<std::string> backend;
 
   [[nodiscard]] bool describes_topology() const {
@@ -95,6 +106,8 @@ void add_options(fiar_cli::CommandLine& cli, Options& o) {
   yes_no("--fabric", o.fabric);
   yes_no("--peer-access", o.peer_access);
   cli.option("--arch", [&o](const std::string&, const std::string& v) { o.arch = parse_arch(v); });
+  cli.option("--interconnect",
+             [&o](const std::string& flag, const std::string& v) { o.interconnect = parse_interconnect(flag, v); });
   cli.option("--backend", [&o](const std::string&, const std::string& v) { o.backend = v; });
 }
 
@@ -113,6 +126,7 @@ fiar::Topology described_topology(const Options& o) {
   t.fabric_handles_supported = o.fabric.value_or(false);
   t.node_peer_access = o.peer_access.value_or(true);
   t.arch = o.arch.value_or(0);
+  t.interconnect = o.interconnect.value_or(fiar::Interconnect::Unknown);
   try {
     fiar::validate_topology(t);
   } catch (const std::invalid_argument& e) {
@@ -122,7 +136,7 @@ fiar::Topology described_topology(const Options& o) {
 }
 
 // One in-process rank per visible GPU (a single rank without one); returns rank 0's report.
-fiar::DiscoveryReport discovered_topology() {
+fiar::DiscoveryReport discovered_topology(const fiar::TopologyOverrides& overrides) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   (void)cudaGetLastError();
@@ -136,7 +150,7 @@ fiar::DiscoveryReport discovered_topology() {
       try {
         if (devices > 0) cudaSetDevice(r);
         auto boot = group.bootstrap(r);
-        reports[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot);
+        reports[static_cast<std::size_t>(r)] = fiar::discover_topology_report(boot, overrides);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
@@ -168,7 +182,10 @@ std::string why_chosen(fiar::Backend requested, const fiar::Resolution& res, con
     const bool last = ++index == fiar::BackendPolicies::size;
     order += (order.empty() ? "auto picks " : ", else ") + name + (last ? "" : " when it can run");
     reached = reached || b == res.backend;
-    if (!reached) rejected += "; " + name + " cannot run: " + fiar::why_not(b, t);
+    if (!reached) {
+      const std::string no = fiar::why_not(b, t);
+      rejected += "; " + name + (no.empty() ? " passed by: " + fiar::why_auto_skips(b, t) : " cannot run: " + no);
+    }
     return false;
   });
   return order + rejected;
@@ -197,7 +214,9 @@ int main(int argc, char** argv) {
 
   if (!opt.describes_topology()) {
     try {
-      report = discovered_topology();
+      fiar::TopologyOverrides overrides;
+      overrides.interconnect = opt.interconnect;
+      report = discovered_topology(overrides);
     } catch (const std::exception& e) {
       std::string what = e.what();
       if (what.rfind("fiar: ", 0) == 0) what.erase(0, 6);  // one prefix: the tool's
@@ -220,14 +239,29 @@ int main(int argc, char** argv) {
   fiar::find_first(fiar::BackendPolicies{}, [&](auto p) {
     const fiar::Backend b = decltype(p)::type::backend;
     const std::string why = fiar::why_not(b, t);
+    const std::string slow = fiar::why_auto_skips(b, t);
     std::printf("  %-7s %s\n", std::string(fiar::to_string(b)).c_str(),
-                why.empty() ? "can run" : ("cannot run: " + why).c_str());
+                !why.empty()   ? ("cannot run: " + why).c_str()
+                : slow.empty() ? "can run"
+                               : ("can run, but " + slow).c_str());
     return false;
   });
+  if (const int v = fiar::nccl_version(); v > 0) {
+    std::printf(
+        "nccl on GPUs: NCCL %d.%d.%d, %s\n", v / 10000, v / 100 % 100, v % 100,
+        fiar::nccl_symmetric_available()
+            ? "symmetric windows (ncclAllReduce on NCCL's symmetric kernels; FIAR_NCCL_SYMMETRIC=0 turns them off)"
+            : "classic ncclAllReduce (symmetric windows need NCCL 2.27 or newer)");
+  } else {
+    std::printf("nccl on GPUs: not in this build (fiar was built without NCCL)\n");
+  }
   try {
     const fiar::Resolution res = fiar::resolve_backend(requested, t);
     std::printf("choice: %s\n  why: %s\n", std::string(fiar::to_string(res.backend)).c_str(),
                 why_chosen(requested, res, t).c_str());
+    if (const std::string cost = fiar::expected_cost(res.backend, t); !cost.empty()) {
+      std::printf("  warning: %s\n", cost.c_str());
+    }
     if (res.allow_trtllm_fallback) {
       std::printf("  fallback: if multicast setup fails on this machine, trtllm is used instead (one node)\n");
     }

@@ -43,11 +43,15 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
                             topology but its setup fails on the machine (bridged NVLink), which shows
                             auto's fallback from mnnvl to trtllm
   --arch sm_90|sm_100       architecture the host emulator reports (default sm_90)
+  --interconnect pcie|nvlink|unknown
+                            how the GPUs of a node reach each other (default: unknown on the host emulator,
+                            discovered on GPUs, where the flag overrides it); auto does not pick trtllm on
+                            pcie beyond 2 ranks
   --dtype float|half|bf16   element type (default bf16)
   --tokens N                tokens per call (default 16)
   --hidden N                hidden size (default 4096)
   --iterations N            calls per rank (default 10)
-  --strategy auto|oneshot|twoshot   (default auto)
+  --strategy auto|oneshot|twoshot|multimem   (default auto; multimem: the in-switch reduction, mnnvl only)
   --pattern NAME            allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic
                             or residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+) (default allreduce)
   -h, --help                this text
@@ -66,6 +70,7 @@ struct Options {
   bool multicast = false;         // the topology reports multicast
   bool multicast_broken = false;  // ... but setting it up fails on the (emulated) machine
   int arch = 90;
+  std::optional<fiar::Interconnect> interconnect;
   std::string dtype = "bf16";
   int tokens = 16;
   int hidden = 4096;
@@ -87,6 +92,12 @@ void add_options(fiar_cli::CommandLine& cli, Options& o) {
   });
   cli.option("--arch",
              [&o](Text flag, Text v) { o.arch = parse_choice(flag, v, "sm_90", "sm_100") == "sm_90" ? 90 : 100; });
+  cli.option("--interconnect", [&o](Text flag, Text v) {
+    const std::string i = parse_choice(flag, v, "pcie", "nvlink", "unknown");
+    o.interconnect = i == "pcie"     ? fiar::Interconnect::Pcie
+                     : i == "nvlink" ? fiar::Interconnect::NvLink
+                                     : fiar::Interconnect::Unknown;
+  });
   cli.option("--dtype", [&o](Text flag, Text v) { o.dtype = parse_choice(flag, v, "float", "half", "bf16"); });
   cli.option("--tokens", [&o](Text flag, Text v) { o.tokens = parse_int(flag, v, 1); });
   cli.option("--hidden", [&o](Text flag, Text v) { o.hidden = parse_int(flag, v, 1); });
@@ -154,6 +165,7 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
     topo = report.topology;
     notes = report.notes;
   }
+  if (o.interconnect) topo.interconnect = *o.interconnect;
   std::printf("topology: %s\n", fiar::to_string(topo).c_str());
   for (const auto& n : notes) std::printf("  note: %s\n", n.c_str());
 
@@ -170,7 +182,9 @@ int run(const Options& o, const std::string& platform, int world, int gpus, fiar
     fiar::find_first(fiar::BackendPolicies{}, [&](auto p) {
       const fiar::Backend b = decltype(p)::type::backend;
       if (b == res.backend) return true;
-      why += "; " + std::string(fiar::to_string(b)) + " cannot run: " + fiar::why_not(b, topo);
+      const std::string no = fiar::why_not(b, topo);
+      why += "; " + std::string(fiar::to_string(b)) +
+             (no.empty() ? " passed by: " + fiar::why_auto_skips(b, topo) : " cannot run: " + no);
       return false;
     });
   }

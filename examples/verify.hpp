@@ -77,10 +77,13 @@ inline fiar::Pattern parse_pattern(std::string_view flag, const std::string& val
   throw UsageError(std::string(flag) + " " + fiar_cli::quoted(value) + ": expected one of " + list);
 }
 
-/// The strategy named `value`: auto, oneshot or twoshot.
+/// The strategy named `value`: auto, oneshot, twoshot or multimem (mnnvl's in-switch reduction).
 inline fiar::Strategy parse_strategy(std::string_view flag, std::string_view value) {
-  const std::string s = parse_choice(flag, value, "auto", "oneshot", "twoshot");
-  return s == "oneshot" ? fiar::Strategy::OneShot : s == "twoshot" ? fiar::Strategy::TwoShot : fiar::Strategy::Auto;
+  const std::string s = parse_choice(flag, value, "auto", "oneshot", "twoshot", "multimem");
+  return s == "oneshot"    ? fiar::Strategy::OneShot
+         : s == "twoshot"  ? fiar::Strategy::TwoShot
+         : s == "multimem" ? fiar::Strategy::Multimem
+                           : fiar::Strategy::Auto;
 }
 
 /// The topology the tools' flags describe (the host emulator's, and --plan's).

@@ -35,6 +35,7 @@
 #include "algo/epilogue.hpp"
 #include "algo/epilogue_pass.hpp"
 #include "algo/lamport.hpp"
+#include "algo/multimem.hpp"
 #include "algo/quant.hpp"
 
 #include "platform/concept.hpp"

@@ -66,6 +66,10 @@ with tempfile.TemporaryDirectory() as tmp:
     rows = json.load(open(js))
     if {r["size_bytes"] for r in rows} != {256, 1024, 4096} or any(r["wrong"] != 0 for r in rows):
         failures.append(f"mnnvl size sweep: {rows}")
+    # mnnvl's rows include the in-switch reduction by default, checked like the others.
+    multimem = [r for r in rows if r["strategy"] == "multimem"]
+    if len(multimem) != 3 or any(r["ran"] != "multimem" or r["wrong"] != 0 for r in multimem):
+        failures.append(f"mnnvl multimem rows: {multimem}")
 
     # --plan: no GPU needed; the decode-size call is spread over a cluster of 8 blocks.
     pj = os.path.join(tmp, "plan.json")

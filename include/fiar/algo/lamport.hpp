@@ -68,6 +68,7 @@ struct CallDigest {
 };
 inline constexpr std::uint32_t kDigestOneShot = 1;
 inline constexpr std::uint32_t kDigestTwoShot = 2;
+inline constexpr std::uint32_t kDigestMultimem = 3;  ///< the in-switch reduction (algo/multimem.hpp)
 
 /// Everything one rank's kernel needs for one call.
 template <ReduceType T>

@@ -139,7 +139,7 @@ struct ChoiceRecord {
   std::int32_t fabric;
   std::int32_t peer_access;
   std::int32_t arch;
-  std::int32_t reserved;
+  std::int32_t interconnect;
 };
 
 // This rank's request (FIAR_ALLREDUCE_BACKEND when none is given), checked with its topology: throws what a rank
@@ -171,7 +171,7 @@ std::pair<Backend, Topology> agree_on_choice(B& boot, std::optional<Backend> req
                           topo.fabric_handles_supported ? 1 : 0,
                           topo.node_peer_access ? 1 : 0,
                           topo.arch,
-                          0};
+                          static_cast<std::int32_t>(topo.interconnect)};
   const auto all = agree(boot, local, mine, "make_workspace failed on rank {rank}");
   Topology merged = topo;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -197,6 +197,13 @@ std::pair<Backend, Topology> agree_on_choice(B& boot, std::optional<Backend> req
     merged.fabric_handles_supported = merged.fabric_handles_supported && c.fabric != 0;
     merged.node_peer_access = merged.node_peer_access && c.peer_access != 0;
     merged.arch = (merged.arch == 0 || c.arch == 0) ? 0 : std::min(merged.arch, static_cast<int>(c.arch));
+    // PCIe as soon as one rank says so; NVLink only when every rank does.
+    const auto theirs = static_cast<Interconnect>(c.interconnect);
+    if (theirs == Interconnect::Pcie || merged.interconnect == Interconnect::Pcie) {
+      merged.interconnect = Interconnect::Pcie;
+    } else if (theirs != merged.interconnect) {
+      merged.interconnect = Interconnect::Unknown;
+    }
   }
   // Across nodes, multicast needs fabric handles on every rank (Topology::multicast_supported's meaning).
   if (merged.node_count > 1 && !merged.fabric_handles_supported) merged.multicast_supported = false;
@@ -222,7 +229,9 @@ std::string describe_choice(Backend ran, Backend agreed_request, bool from_env, 
     find_first(BackendPolicies{}, [&](auto p) {
       const Backend b = decltype(p)::type::backend;
       if (b == res.backend) return true;
-      line += "; " + std::string(to_string(b)) + " cannot run: " + why_not(b, merged);
+      const std::string no = why_not(b, merged);
+      line += "; " + std::string(to_string(b)) +
+              (no.empty() ? " passed by: " + why_auto_skips(b, merged) : " cannot run: " + no);
       return false;
     });
     if (res.allow_trtllm_fallback && !fell_back) line += "; trtllm if multicast setup fails";

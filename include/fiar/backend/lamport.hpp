@@ -20,6 +20,7 @@
 
 #include "../algo/epilogue.hpp"
 #include "../algo/lamport.hpp"
+#include "../algo/multimem.hpp"
 #include "../comm/bootstrap.hpp"
 #include "../core/borrowed.hpp"
 #include "../core/config.hpp"
@@ -36,9 +37,10 @@
 FIAR_BEGIN_NAMESPACE
 namespace detail {
 
-/// The Lamport workspace of Policy (TrtllmPolicy or MnnvlPolicy), launching OneShot<P, T> and TwoShot<P, T>.
+/// The Lamport workspace of Policy (TrtllmPolicy or MnnvlPolicy), launching OneShot<P, T> and TwoShot<P, T>, and
+/// (multicast only) InSwitch<P, T> for Strategy::Multimem.
 template <class Policy, ReduceType T, class Pf, template <Pattern, class> class OneShot,
-          template <Pattern, class> class TwoShot>
+          template <Pattern, class> class TwoShot, template <Pattern, class> class InSwitch = OneShot>
 class LamportWorkspace {
   static constexpr bool kMulticast = Policy::needs_multicast;
   static constexpr std::string_view kName = to_string(Policy::backend);
@@ -59,9 +61,11 @@ class LamportWorkspace {
                                                      algo::twoshot_words(world_size, cfg.max_token_num, vecs));
   }
 
-  /// Bytes of rank-visible memory each rank allocates (three Lamport buffers).
+  /// Bytes of rank-visible memory each rank allocates (three Lamport buffers; mnnvl: and the multimem barrier
+  /// counters).
   static std::size_t required_bytes(const Topology& topo, const WorkspaceConfig& cfg) {
-    return algo::kLamportBuffers * buffer_words(topo.world_size, topo.arch, cfg) * sizeof(std::uint32_t);
+    return (algo::kLamportBuffers * buffer_words(topo.world_size, topo.arch, cfg) + kCounterWords) *
+           sizeof(std::uint32_t);
   }
 
   static std::string config_error(const Topology& topo, const WorkspaceConfig& cfg) {
@@ -86,7 +90,8 @@ class LamportWorkspace {
   LamportWorkspace(const CreationExtras& agreed, B& boot, const Topology& topo, const WorkspaceConfig& cfg,
                    const typename Pf::Options& options)
       : platform_(options), topo_(topo), cfg_(cfg), buffer_words_(agreed.buffer_words) {
-    const std::size_t region_words = algo::kLamportBuffers * buffer_words_;
+    const std::size_t lamport_words = algo::kLamportBuffers * buffer_words_;
+    const std::size_t region_words = lamport_words + kCounterWords;
     if constexpr (kMulticast) {
       // Peer mappings for the two-shot scatter, plus the group's multicast mapping of the same memory. A failure here
       // (no multicast on this machine after all) throws fiar::multicast_error on every rank.
@@ -98,7 +103,12 @@ class LamportWorkspace {
     }
     state_ = Borrowed(static_cast<algo::LamportState*>(platform_.allocate_local(sizeof(algo::LamportState))));
     error_ = Borrowed(static_cast<algo::ErrorRecord*>(platform_.allocate_host_visible(sizeof(algo::ErrorRecord))));
-    platform_.fill_words(buffers_[static_cast<std::size_t>(topo.rank)], region_words, exec::kSentinelWord);
+    platform_.fill_words(buffers_[static_cast<std::size_t>(topo.rank)], lamport_words, exec::kSentinelWord);
+    if constexpr (kMulticast) {
+      platform_.fill_words(buffers_[static_cast<std::size_t>(topo.rank)] + lamport_words, kCounterWords, 0u);
+      generations_ = Borrowed(static_cast<std::uint32_t*>(
+          platform_.allocate_local(kCounterWords * sizeof(std::uint32_t), "the multimem barrier generations")));
+    }
     platform_.synchronize();
     boot.barrier();  // no rank pushes into a buffer before its owner has filled it with sentinels
   }
@@ -120,12 +130,18 @@ class LamportWorkspace {
   /// so this is the real per-call capacity (not total bytes / row bytes).
   [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s) const {
     if (num_tokens < 1 || num_tokens > cfg_.max_token_num || !is_valid(s)) return false;
+    if (s == Strategy::Multimem && !kMulticast) return false;
     if (s == Strategy::Auto) s = strategy_for(num_tokens);
     return words_for(s, num_tokens) <= data_words();
   }
 
   /// Why a forced strategy cannot run a call of num_tokens tokens ("" when it can; Auto always fits).
   [[nodiscard]] std::string strategy_error(int num_tokens, Strategy s) const {
+    if (s == Strategy::Multimem && !kMulticast) {
+      return "multimem (the in-switch reduction) needs NVLink multicast: it runs on the mnnvl backend only. Fix: use "
+             "Strategy::Auto, OneShot or TwoShot on " +
+             std::string(kName) + ", or the mnnvl backend.";
+    }
     if (s == Strategy::Auto || is_buffer_size_sufficient(num_tokens, s)) return "";
     return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) + " needs " +
            std::to_string(words_for(s, num_tokens) * 4) + " bytes per Lamport buffer; this workspace has " +
@@ -155,6 +171,20 @@ class LamportWorkspace {
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.timeout).count());
     p.verify = cfg_.verify_calls;
     p.epi = algo::epilogue_params(a);
+    if constexpr (kMulticast) {
+      if (s == Strategy::Multimem) {
+        algo::MultimemParams<T> m{};
+        m.base = p;
+        m.counters = algo::kLamportBuffers * buffer_words_;
+        m.generations = generations_.get();
+        m.num_tokens = p.num_tokens;
+        m.vecs_per_token = p.vecs_per_token;
+        platform_.template launch<InSwitch<P, T>>(m, stream);
+        last_strategy_ = s;
+        if constexpr (Pf::synchronous) check();
+        return;
+      }
+    }
     if (s == Strategy::TwoShot) {
       platform_.template launch<TwoShot<P, T>>(p, stream);
     } else {
@@ -183,6 +213,13 @@ class LamportWorkspace {
     };
     const std::uint64_t missing = mask(error_->missing);
     const std::uint64_t stalled = mask(error_->stalled);
+    if ((code & algo::kErrorBarrier) != 0 && missing == 0 && stalled == 0) {
+      throw timeout_error(call_timeout_text(
+          kName, topo_.rank, cfg_.timeout,
+          "at a barrier of the in-switch reduction (multimem): another rank's blocks never arrived (the barrier counts "
+          "arrivals, so it cannot name the rank; the other ranks' errors can)",
+          Pf::read_word(&error_->call)));
+    }
     const std::string waited = missing != 0
                                    ? "waiting for data from rank(s) " + rank_mask_text(missing)
                                    : "waiting for results reduced by rank(s) " + rank_mask_text(stalled) +
@@ -191,6 +228,9 @@ class LamportWorkspace {
   }
 
  private:
+  // The multimem barrier counters after the Lamport buffers (mnnvl only).
+  static constexpr std::size_t kCounterWords = kMulticast ? algo::kMultimemCounters : 0;
+
   static int vecs_per_token(int hidden_dim) {
     return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16);
   }
@@ -202,6 +242,7 @@ class LamportWorkspace {
   // Data words of one call.
   std::size_t words_for(Strategy s, int num_tokens) const {
     const int vecs = vecs_per_token(cfg_.hidden_dim);
+    if (s == Strategy::Multimem) return algo::multimem_words(num_tokens, vecs);
     return s == Strategy::TwoShot ? algo::twoshot_words(topo_.world_size, num_tokens, vecs)
                                   : algo::oneshot_words(topo_.world_size, num_tokens, vecs);
   }
@@ -213,7 +254,8 @@ class LamportWorkspace {
   std::vector<std::uint32_t*> buffers_;
   exec::MulticastView multicast_{};
   Borrowed<algo::LamportState> state_;
-  Borrowed<algo::ErrorRecord> error_;  ///< null once moved from
+  Borrowed<algo::ErrorRecord> error_;    ///< null once moved from
+  Borrowed<std::uint32_t> generations_;  ///< mnnvl: each multimem barrier counter's value after its last call
   Strategy last_strategy_ = Strategy::Auto;
 };
 

@@ -9,12 +9,15 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
 #include "../core/errors.hpp"
+#include "../core/log.hpp"
 #include "../core/pattern.hpp"
 #include "../core/policy.hpp"
 #include "../core/prelude.hpp"
@@ -307,6 +311,11 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
 
   [[nodiscard]] NcclComm comm() const { return comm_.get(); }
   [[nodiscard]] bool owns_comm() const { return comm_.owned(); }
+  /// Whether the calls run on NCCL's symmetric kernels: the reduction goes through a buffer registered as a symmetric
+  /// window on every rank (NCCL 2.27+, an owned communicator, FIAR_NCCL_SYMMETRIC not 0).
+  [[nodiscard]] bool symmetric() const { return symmetric_; }
+  /// Why the calls take classic ncclAllReduce ("" when symmetric()).
+  [[nodiscard]] const std::string& classic_reason() const { return classic_reason_; }
 
   // While the stream is captured into a graph nothing runs: no event is queried or recorded then.
   void begin_call(cudaStream_t stream) {
@@ -318,14 +327,30 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
   void launch(const FusedArgs<T>& a, cudaStream_t stream, Strategy) {
 #if FIAR_HAS_NCCL
     const std::size_t count = static_cast<std::size_t>(a.num_tokens) * static_cast<std::size_t>(this->cfg_.hidden_dim);
-    const T* sum = P == Pattern::AllReduce ? a.out : sum_.get();
+    // Symmetric: the input is copied into the registered window, reduced there in place by NCCL's symmetric kernel,
+    // and read from there (a copy into out, or the epilogue). Classic: NCCL reads in and writes out (or the sum
+    // buffer).
+    T* window = symmetric_ ? static_cast<T*>(window_.get()) : nullptr;
+    const T* sum = window != nullptr ? window : P == Pattern::AllReduce ? a.out : sum_.get();
     {
       DeviceGuard guard(this->platform_.device());
+      const std::size_t bytes = count * sizeof(T);
+      if (window != nullptr) {
+        cuda_check(cudaMemcpyAsync(window, a.in, bytes, cudaMemcpyDeviceToDevice, stream),
+                   "cudaMemcpyAsync (the input into the nccl workspace's symmetric window)",
+                   "in and the stream belong to device " + std::to_string(this->platform_.device()));
+      }
       const std::string call = "ncclAllReduce(" + std::to_string(count) + " x " + std::string(dtype_name<T>()) + ", " +
-                               to_string(P) + ") on rank " + std::to_string(this->topo_.rank);
-      const ncclResult_t r =
-          ncclAllReduce(a.in, const_cast<T*>(sum), count, nccl_type<T>(), ncclSum, comm_.get(), stream);
+                               to_string(P) + (window != nullptr ? ", symmetric window" : "") + ") on rank " +
+                               std::to_string(this->topo_.rank);
+      const ncclResult_t r = ncclAllReduce(window != nullptr ? window : a.in, const_cast<T*>(sum), count,
+                                           nccl_type<T>(), ncclSum, comm_.get(), stream);
       if (r != ncclSuccess) enqueued(r, call);
+      if (window != nullptr && P == Pattern::AllReduce) {
+        cuda_check(cudaMemcpyAsync(a.out, window, bytes, cudaMemcpyDeviceToDevice, stream),
+                   "cudaMemcpyAsync (the sum out of the nccl workspace's symmetric window)",
+                   "out belongs to device " + std::to_string(this->platform_.device()));
+      }
     }
     if constexpr (P != Pattern::AllReduce) this->template run_epilogue<P>(a, sum, stream);
     if (!capturing_) watch(stream);
@@ -464,6 +489,7 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
       comm_.abort();  // a peer has no communicator: finalizing ours could only wait for it
       throw;
     }
+    register_window(boot, deadline);
 #else
     (void)boot;
     (void)adopted;
@@ -473,6 +499,98 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
   }
 
 #if FIAR_HAS_NCCL
+  // Step 3 (an owned communicator): a buffer from ncclMemAlloc registered as a symmetric window, so that ncclAllReduce
+  // takes NCCL's symmetric kernels. Registration is collective: the ranks first agree that every one of them wants it
+  // (NCCL 2.27+ at run time, FIAR_NCCL_SYMMETRIC not 0), then register; a failure on every rank alike (NCCL does not
+  // support it here) keeps the classic path, a failure on some ranks only fails the creation on every rank.
+  template <Bootstrap B>
+  void register_window(B& boot, std::chrono::steady_clock::time_point deadline) {
+    const int version = nccl_runtime_version();
+    const char* env = std::getenv("FIAR_NCCL_SYMMETRIC");
+    const bool disabled = env != nullptr && std::string_view(env) == "0";
+    std::int32_t want = 0;
+    if (!built_with_nccl_symmetric) {
+      classic_reason_ = "fiar was built against an NCCL older than 2.27 (no symmetric windows in its nccl.h)";
+    } else if (version < kNcclSymmetricVersion) {
+      classic_reason_ = "the NCCL loaded at run time is " + std::to_string(version) + ", older than 2.27";
+    } else if (disabled) {
+      classic_reason_ = "FIAR_NCCL_SYMMETRIC=0";
+    } else {
+      want = 1;
+    }
+    const auto wants = agree(boot, {}, want, "setting up the nccl workspace's symmetric window");
+    for (std::size_t r = 0; r < wants.size(); ++r) {
+      if (wants[r] == 0 && want == 1) {
+        want = 0;
+        classic_reason_ =
+            "rank " + std::to_string(r) + " cannot use symmetric windows (its NCCL or FIAR_NCCL_SYMMETRIC)";
+      }
+    }
+    if (want == 0) return log_path();
+#if FIAR_NCCL_HAS_WINDOWS
+    const StepOutcome registered = attempt([&] {
+      DeviceGuard guard(this->platform_.device());
+      const std::size_t align = NCCL_WIN_REQUIRED_ALIGNMENT;
+      const std::size_t bytes = (Base::activation_bytes(this->cfg_) + align - 1) / align * align;
+      void* p = nullptr;
+      nccl_check(ncclMemAlloc(&p, bytes), "ncclMemAlloc(" + std::to_string(bytes) + " bytes) for the symmetric window",
+                 "free GPU memory (nvidia-smi)");
+      window_ = NcclMemory(p, bytes);
+      ncclWindow_t handle = nullptr;
+      const std::string call = "ncclCommWindowRegister(" + std::to_string(bytes) + " bytes, NCCL_WIN_COLL_SYMMETRIC)";
+      const char* hint = "every rank creates the workspace at the same time (the registration is collective)";
+      nccl_check(ncclCommWindowRegister(comm_.get(), p, bytes, &handle, NCCL_WIN_COLL_SYMMETRIC), call, hint,
+                 comm_.get());
+      const ncclResult_t ready = nccl_wait(comm_.get(), deadline);
+      if (ready == ncclInProgress) {
+        throw timeout_error("fiar: " + call + " did not finish within " + std::to_string(this->cfg_.timeout.count()) +
+                            " ms. Check: " + hint + ".");
+      }
+      nccl_check(ready, call + " (reported by ncclCommGetAsyncError)", hint, comm_.get());
+    });
+    const auto outcomes = all_gather_value(boot, registered);
+    const bool all_failed =
+        std::all_of(outcomes.begin(), outcomes.end(), [](const StepOutcome& o) { return o.failed(); });
+    if (all_failed) {
+      // NCCL refused the same way everywhere (e.g. a topology its symmetric kernels do not cover): stay classic.
+      window_ = NcclMemory();
+      classic_reason_ =
+          "NCCL did not register the symmetric window on any rank: " + without_fiar_prefix(registered.message());
+      return log_path();
+    }
+    try {
+      for (std::size_t r = 0; r < outcomes.size(); ++r) {
+        if (!outcomes[r].failed()) continue;
+        raise(outcomes[r], static_cast<int>(r) == boot.rank()
+                               ? outcomes[r].message()
+                               : failure_elsewhere("registering the nccl workspace's symmetric window on rank {rank}",
+                                                   static_cast<int>(r), outcomes[r].message()));
+      }
+    } catch (...) {
+      comm_.abort();  // some ranks registered, some did not: the communicator cannot be trusted
+      throw;
+    }
+    symmetric_ = true;
+    classic_reason_.clear();
+    log_path();
+#else
+    (void)deadline;
+#endif
+  }
+
+  // One info line for the group (rank 0): which ncclAllReduce the calls take.
+  void log_path() const {
+    if (this->topo_.rank != 0 || !log_enabled(LogLevel::Info)) return;
+    const int v = nccl_runtime_version();
+    const std::string version =
+        std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+    log(LogLevel::Info,
+        "nccl workspace: NCCL " + version + ", " +
+            (symmetric_ ? std::string("symmetric window registered: ncclAllReduce runs NCCL's symmetric "
+                                      "kernels")
+                        : "classic ncclAllReduce (" + classic_reason_ + ")"));
+  }
+
   // An adopted communicator must describe this very group on this very GPU.
   void check_adopted(NcclComm comm, std::chrono::steady_clock::time_point deadline) const {
     const char* valid = "the communicator is valid and initialized";
@@ -544,6 +662,9 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
     raise(failure_, what);
   }
 
+  NcclMemory window_;  ///< the symmetric window's memory: declared before comm_, freed after it is destroyed
+  bool symmetric_ = false;
+  std::string classic_reason_ = "an adopted communicator (register your own windows on it)";
   mutable NcclCommHandle comm_;  ///< declared after the platform (in the base): destroyed before its memory
   EventHandle done_;             ///< recorded after a timed call
   Borrowed<T> sum_;  ///< [max_token_num, hidden_dim] device memory (the platform owns it); null once moved from

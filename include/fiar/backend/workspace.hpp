@@ -26,9 +26,11 @@
 #include "../core/backend.hpp"
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
+#include "../core/log.hpp"
 #include "../core/pattern.hpp"
 #include "../core/policy.hpp"
 #include "../core/prelude.hpp"
+#include "../core/resolve.hpp"
 #include "../core/strategy.hpp"
 #include "../core/text.hpp"
 #include "../core/topology.hpp"
@@ -149,9 +151,10 @@ inline std::string call_digest_text(const algo::CallDigest& d) {
   const auto pat = static_cast<Pattern>(d.pattern);
   const std::string pattern_name =
       is_valid(pat) ? std::string(to_string(pat)) : "pattern value " + std::to_string(d.pattern);
-  const char* strategy_name = d.strategy == algo::kDigestOneShot   ? "oneshot"
-                              : d.strategy == algo::kDigestTwoShot ? "twoshot"
-                                                                   : "auto";
+  const char* strategy_name = d.strategy == algo::kDigestOneShot    ? "oneshot"
+                              : d.strategy == algo::kDigestTwoShot  ? "twoshot"
+                              : d.strategy == algo::kDigestMultimem ? "multimem"
+                                                                    : "auto";
   return "call " + std::to_string(d.call) + ", num_tokens " + std::to_string(d.num_tokens) + ", pattern " +
          pattern_name + ", strategy " + strategy_name;
 }
@@ -242,7 +245,9 @@ class Workspace {
       : impl_(detail::agree_on_creation<P, T>(
                   boot, topo, cfg, [&] { return Impl::config_error(topo, cfg); }, [] { return creation_error(); },
                   [&] { return Impl::creation_extras(topo, cfg); }),
-              boot, topo, cfg, options) {}
+              boot, topo, cfg, options) {
+    warn_if_slow(topo);
+  }
 
   /// Collective: adopts `comm`, an initialized NCCL communicator of exactly this group (same size, same rank
   /// numbers as the bootstrap, on the calling thread's current device). It is not owned: destroy it after this
@@ -254,9 +259,22 @@ class Workspace {
       : impl_(detail::agree_on_creation<P, T>(
                   boot, topo, cfg, [&] { return Impl::config_error(topo, cfg); },
                   [&] { return Impl::adopt_error(comm, topo); }, [&] { return Impl::creation_extras(topo, cfg); }),
-              boot, comm, topo, cfg, options) {}
+              boot, comm, topo, cfg, options) {
+    warn_if_slow(topo);
+  }
 
   Workspace(Workspace&&) noexcept = default;
+
+ private:
+  // A backend that runs but is expected to lose here (trtllm on a PCIe-only node of more than 2 ranks): one warning
+  // for the group, from rank 0. Auto never picks one; an explicit request is honoured.
+  static void warn_if_slow(const Topology& topo) {
+    if (topo.rank != 0 || !slow_on(P::backend, topo)) return;
+    log(LogLevel::Warning, "rank 0: " + expected_cost(P::backend, topo) + ". Fix: unset " +
+                               std::string(backend_env_var) + " (auto) or set it to nccl.");
+  }
+
+ public:
   /// Releases this workspace first, in the order its destructor does (nccl: the communicator before the memory it
   /// may still use), then takes `other`'s; assigning a workspace to itself changes nothing.
   Workspace& operator=(Workspace&& other) noexcept {
@@ -331,6 +349,19 @@ class Workspace {
     requires kAdopts
   {
     return impl_.owns_comm();
+  }
+  /// Whether the calls run on NCCL's symmetric kernels (a symmetric window registered at creation: NCCL 2.27+, an
+  /// owned communicator, FIAR_NCCL_SYMMETRIC not 0). nccl on CudaPlatform.
+  [[nodiscard]] bool nccl_symmetric() const
+    requires kAdopts
+  {
+    return impl_.symmetric();
+  }
+  /// Why the calls take classic ncclAllReduce ("" when nccl_symmetric()). nccl on CudaPlatform.
+  [[nodiscard]] const std::string& nccl_classic_reason() const
+    requires kAdopts
+  {
+    return impl_.classic_reason();
   }
 
  private:

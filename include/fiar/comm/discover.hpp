@@ -26,6 +26,7 @@
 #include "../core/text.hpp"
 #include "../core/topology.hpp"
 #include "../runtime/cuda.hpp"
+#include "../runtime/nvml.hpp"
 #include "../runtime/posix.hpp"
 #include "agree.hpp"
 #include "bootstrap.hpp"
@@ -83,6 +84,8 @@ struct LocalDevice {
   std::string error;  ///< why the device is unusable, or which capability could not be read
   /// Can this device map memory of the GPU with that PCI bus id? Empty: yes whenever usable.
   std::function<bool(const std::string& peer_pci_bus_id)> can_map_peer;
+  /// How this device reaches the GPU with that PCI bus id (NVML's NVLink P2P status). Empty: Unknown.
+  std::function<Interconnect(const std::string& peer_pci_bus_id)> link_to_peer;
 };
 
 /// Probes the calling thread's current CUDA device. Never throws; without a usable device it returns
@@ -135,6 +138,10 @@ inline LocalDevice probe_local_device() {
     }
     return can != 0;
   };
+  d.link_to_peer = [bus = d.pci_bus_id](const std::string& peer_bus) {
+    const auto nvlink = detail::nvlink_between(bus, peer_bus);
+    return !nvlink ? Interconnect::Unknown : *nvlink ? Interconnect::NvLink : Interconnect::Pcie;
+  };
   return d;
 }
 
@@ -147,6 +154,7 @@ struct TopologyOverrides {
   std::optional<bool> node_peer_access = std::nullopt;
   std::optional<int> arch = std::nullopt;
   std::optional<std::string> node_id = std::nullopt;  ///< this rank's node identity (default: default_node_id())
+  std::optional<Interconnect> interconnect = std::nullopt;
 };
 
 /// A discovered topology with the per-rank node layout and human-readable notes on what was found.
@@ -198,8 +206,21 @@ DiscoveryReport discover_topology_report(B& boot, const LocalDevice& local, cons
   for (const auto& r : all) ids.emplace_back(r.node_id.data());
   report.node_of_rank = node_index_of_ranks(ids);
 
-  // Peer access: this rank checks every other rank of its node, then the group votes.
+  // Peer access and the interconnect: this rank checks every other rank of its node, then the group votes.
+  // Link vote: 0 no same-node peer, 1 every peer over NVLink, 2 a peer it cannot classify, 3 a peer over PCIe only.
+  std::int32_t link = 0;
   std::int32_t peers_ok = local.usable ? 1 : 0;
+  for (int r = 0; r < world; ++r) {
+    if (r == me ||
+        report.node_of_rank[static_cast<std::size_t>(r)] != report.node_of_rank[static_cast<std::size_t>(me)]) {
+      continue;
+    }
+    const std::string bus = all[static_cast<std::size_t>(r)].pci_bus_id.data();
+    if (bus == local.pci_bus_id && local.usable) continue;  // ranks sharing one GPU use no link: no vote
+    Interconnect i = Interconnect::Unknown;
+    if (local.usable && all[static_cast<std::size_t>(r)].usable && local.link_to_peer) i = local.link_to_peer(bus);
+    link = std::max(link, i == Interconnect::Pcie ? 3 : i == Interconnect::Unknown ? 2 : 1);
+  }
   for (int r = 0; r < world && peers_ok; ++r) {
     const auto& peer = all[static_cast<std::size_t>(r)];
     if (r == me ||
@@ -217,6 +238,7 @@ DiscoveryReport discover_topology_report(B& boot, const LocalDevice& local, cons
     }
   }
   const std::vector<std::int32_t> peer_votes = detail::agree(boot, {}, peers_ok, "topology discovery");
+  const std::vector<std::int32_t> link_votes = detail::agree(boot, {}, link, "topology discovery");
 
   Topology t;
   t.world_size = world;
@@ -237,7 +259,20 @@ DiscoveryReport discover_topology_report(B& boot, const LocalDevice& local, cons
   t.fabric_handles_supported = all_usable && all_fabric;
   t.multicast_supported = all_usable && all_multicast && (t.node_count == 1 || t.fabric_handles_supported);
   t.node_peer_access = std::all_of(peer_votes.begin(), peer_votes.end(), [](std::int32_t v) { return v != 0; });
-
+  // Pcie when any pair of a node is PCIe only; NvLink when every pair is NVLink; Unknown when a pair could not be
+  // classified (no NVML), or no node holds two ranks.
+  const std::int32_t worst = *std::max_element(link_votes.begin(), link_votes.end());
+  t.interconnect = worst == 3 ? Interconnect::Pcie : worst == 1 ? Interconnect::NvLink : Interconnect::Unknown;
+  if (worst == 3) {
+    std::vector<int> pcie;
+    for (int r = 0; r < world; ++r) {
+      if (link_votes[static_cast<std::size_t>(r)] == 3) pcie.push_back(r);
+    }
+    report.notes.push_back(
+        "interconnect: PCIe only between some ranks of a node (NVML reports no NVLink path from "
+        "rank(s) " +
+        detail::rank_list(pcie) + " to a peer of their node)");
+  }
   if (!local.usable) {
     report.notes.push_back("rank " + std::to_string(me) + ": " +
                            (local.error.empty() ? std::string("no usable CUDA device") : local.error) +
@@ -273,6 +308,11 @@ DiscoveryReport discover_topology_report(B& boot, const LocalDevice& local, cons
   apply(t.fabric_handles_supported, overrides.fabric_handles_supported, "fabric_handles_supported");
   apply(t.node_peer_access, overrides.node_peer_access, "node_peer_access");
   apply(t.arch, overrides.arch, "arch");
+  if (overrides.interconnect && t.interconnect != *overrides.interconnect) {
+    report.notes.push_back("interconnect overridden by the caller: " + std::string(to_string(*overrides.interconnect)) +
+                           " (discovered " + std::string(to_string(t.interconnect)) + ")");
+  }
+  if (overrides.interconnect) t.interconnect = *overrides.interconnect;
 
   // Every rank must hold the same topology: compare everyone's (rank-less) result, then validate it, so
   // that every rank throws the same error (an override can make the topology malformed).

@@ -28,6 +28,9 @@ struct TrtllmPolicy {
   static constexpr int min_arch = 90;  ///< lowest compute capability x10 the kernels are built for
   /// What Backend::Auto falls back to when this backend's setup fails on the machine (Auto: nothing).
   static constexpr Backend setup_fallback = Backend::Auto;
+  /// The most ranks of a node where Auto picks it on a PCIe-only interconnect: each rank pushes its data to every
+  /// peer, W - 1 copies over the PCIe switches, so beyond 2 ranks NCCL's ring wins.
+  static constexpr int pcie_max_ranks = 2;
 };
 
 /// NVLink-multicast backend: one allocation bound to a multicast object; a store through the multicast address
@@ -44,6 +47,8 @@ struct MnnvlPolicy {
   static constexpr int min_arch = 90;
   /// The GPUs report multicast, but the multicast object may still not form (bridged NVLink): then trtllm.
   static constexpr Backend setup_fallback = Backend::Trtllm;
+  /// Multicast needs NVLink: a PCIe-only node never gets here (multicast_supported is false there).
+  static constexpr int pcie_max_ranks = std::numeric_limits<int>::max();
 };
 
 /// The fallback that always works: ncclAllReduce, then fiar's fused epilogue as a separate kernel.
@@ -57,6 +62,7 @@ struct NcclPolicy {
   static constexpr int max_world_size = std::numeric_limits<int>::max();
   static constexpr int min_arch = 0;
   static constexpr Backend setup_fallback = Backend::Auto;
+  static constexpr int pcie_max_ranks = std::numeric_limits<int>::max();  ///< NCCL's algorithms suit PCIe
 };
 
 /// Every backend's policy, once, in the order Backend::Auto tries them: the first that can run on the group wins
@@ -75,6 +81,7 @@ concept AllreducePolicy = contains_v<BackendPolicies, P> && requires {
   requires(1 <= P::min_world_size) && (P::min_world_size <= P::max_world_size);
   requires P::min_arch >= 0;
   requires std::same_as<decltype(P::setup_fallback), const Backend>;
+  requires std::same_as<decltype(P::pcie_max_ranks), const int>;
 };
 
 namespace detail {

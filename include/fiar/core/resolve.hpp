@@ -48,6 +48,33 @@ constexpr Rejection rejection_for(Backend b, const Topology& t) noexcept {
 /// True when the backend's rules accept the (well-formed) topology.
 constexpr bool can_run_on(Backend b, const Topology& t) noexcept { return rejection_for(b, t) == Rejection::none; }
 
+/// Ranks of one node: the ranks per node of a group spread evenly (the most any node holds otherwise is unknown here).
+constexpr int ranks_per_node(const Topology& t) noexcept {
+  return t.node_count > 0 ? (t.world_size + t.node_count - 1) / t.node_count : t.world_size;
+}
+
+/// True when backend b can run on t but is expected to lose there to another backend: a Lamport all-to-all
+/// protocol (trtllm) with more than its pcie_max_ranks ranks per node on a PCIe-only interconnect. Auto passes such a
+/// backend by; an explicit request still runs it (with one warning, see expected_cost).
+constexpr bool slow_on(Backend b, const Topology& t) noexcept {
+  bool slow = false;
+  with_policy(b, [&](auto p) {
+    using P = typename decltype(p)::type;
+    slow = t.interconnect == Interconnect::Pcie && ranks_per_node(t) > P::pcie_max_ranks;
+  });
+  return slow;
+}
+
+/// Why backend b is expected to be slow on t ("" when slow_on is false): the cost, and what to use instead.
+inline std::string expected_cost(Backend b, const Topology& t) {
+  if (!slow_on(b, t)) return "";
+  const int w = ranks_per_node(t);
+  return "backend '" + std::string(to_string(b)) + "' on a PCIe-only node of " + std::to_string(w) +
+         " ranks: every rank pushes its data to " + std::to_string(w - 1) + " peers through the PCIe switches (about " +
+         std::to_string(w - 1) +
+         "x the traffic of NCCL's ring per link), so it is expected to be slower than 'nccl', which auto picks here";
+}
+
 /// The first backend of the automatic order (BackendPolicies) other than `excluded` that can run on t (Nccl at worst).
 constexpr Backend best_alternative(Backend excluded, const Topology& t) noexcept {
   Backend best = Backend::Nccl;
@@ -158,14 +185,19 @@ constexpr void validate_topology(const Topology& t) {
     detail::malformed_topology("node_count", t.node_count, "1 to world_size = ", t.world_size);
   }
   if (t.arch < 0) detail::malformed_topology("arch", t.arch, "0 (unknown) or a compute capability x10, e.g. 90");
+  if (t.interconnect != Interconnect::Unknown && t.interconnect != Interconnect::Pcie &&
+      t.interconnect != Interconnect::NvLink) {
+    detail::malformed_topology("interconnect", static_cast<int>(t.interconnect), "Unknown (0), Pcie (1) or NvLink (2)");
+  }
 }
 
 /// Chooses the backend for a topology.
 /// - malformed topology, or `requested` outside the enumeration: std::invalid_argument;
 /// - Trtllm, Mnnvl, Nccl: validated against the policy's rules and returned unchanged, or std::invalid_argument
 ///   naming the broken rule and the fix;
-/// - Auto: the first backend of BackendPolicies (mnnvl, trtllm, nccl) that can run; a fallback is allowed when the
-///   chosen policy names one (mnnvl: trtllm) and that one can run too; never throws for a well-formed topology.
+/// - Auto: the first backend of BackendPolicies (mnnvl, trtllm, nccl) that can run and is not slow_on the topology
+///   (trtllm on a PCIe-only node of more than 2 ranks); a fallback is allowed when the chosen policy names one
+///   (mnnvl: trtllm) and that one can run (and is not slow) too; never throws for a well-formed topology.
 constexpr Resolution resolve_backend(Backend requested, const Topology& t) {
   check_backend(requested);
   validate_topology(t);
@@ -176,8 +208,9 @@ constexpr Resolution resolve_backend(Backend requested, const Topology& t) {
   Resolution chosen{Backend::Nccl, false};
   find_first(BackendPolicies{}, [&](auto p) {
     using P = typename decltype(p)::type;
-    if (!can_run_on(P::backend, t)) return false;
-    chosen = {P::backend, P::setup_fallback != Backend::Auto && can_run_on(P::setup_fallback, t)};
+    if (!can_run_on(P::backend, t) || slow_on(P::backend, t)) return false;
+    chosen = {P::backend,
+              P::setup_fallback != Backend::Auto && can_run_on(P::setup_fallback, t) && !slow_on(P::setup_fallback, t)};
     return true;
   });
   return chosen;
@@ -207,6 +240,15 @@ inline std::string why_not(Backend b, const Topology& t) {
     case Rejection::arch: return "architecture " + arch_name(t.arch) + " is too old";
   }
   return "";
+}
+
+/// Why Backend::Auto passes backend b by on t: why_not(b, t) when b cannot run, else the expected cost when b is
+/// slow_on t ("slower than nccl: ..."), else "".
+inline std::string why_auto_skips(Backend b, const Topology& t) {
+  if (std::string no = why_not(b, t); !no.empty()) return no;
+  if (!slow_on(b, t)) return "";
+  return "expected slower than nccl on a PCIe-only node of " + std::to_string(ranks_per_node(t)) +
+         " ranks (each rank pushes to every peer)";
 }
 
 FIAR_END_NAMESPACE

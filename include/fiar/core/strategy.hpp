@@ -15,10 +15,12 @@
 FIAR_BEGIN_NAMESPACE
 
 /// One-shot (every rank reduces everything) or two-shot (reduce-scatter, then all-gather); Auto: the table.
-enum class Strategy { Auto, OneShot, TwoShot };
+/// Multimem (mnnvl only): the NVSwitch reduces, each rank load-reduces its share through the multicast mapping
+/// (multimem.ld_reduce) and stores the sum back through it (multimem.st).
+enum class Strategy { Auto, OneShot, TwoShot, Multimem };
 
 namespace detail {
-inline constexpr std::string_view kStrategyNames[] = {"auto", "oneshot", "twoshot"};
+inline constexpr std::string_view kStrategyNames[] = {"auto", "oneshot", "twoshot", "multimem"};
 }
 
 /// Whether s is one of the enumerators (a value cast from an integer may not be).
@@ -26,7 +28,7 @@ constexpr bool is_valid(Strategy s) noexcept {
   return static_cast<int>(s) >= 0 && static_cast<int>(s) < static_cast<int>(std::size(detail::kStrategyNames));
 }
 
-/// "auto", "oneshot", "twoshot" ("invalid" outside the enumeration).
+/// "auto", "oneshot", "twoshot", "multimem" ("invalid" outside the enumeration).
 constexpr std::string_view to_string(Strategy s) noexcept {
   return is_valid(s) ? detail::kStrategyNames[static_cast<int>(s)] : std::string_view("invalid");
 }
@@ -35,7 +37,8 @@ namespace detail {
 /// "Strategy value 7 is not a strategy; allowed: ...", without the "fiar: " that begins every message.
 inline std::string strategy_value_text(Strategy s) {
   return "Strategy value " + std::to_string(static_cast<int>(s)) +
-         " is not a strategy; allowed: auto, oneshot, twoshot. Fix: pass fiar::Strategy::Auto, OneShot or TwoShot.";
+         " is not a strategy; allowed: auto, oneshot, twoshot, multimem. Fix: pass fiar::Strategy::Auto, OneShot, "
+         "TwoShot or Multimem.";
 }
 }  // namespace detail
 

@@ -14,6 +14,15 @@
 
 FIAR_BEGIN_NAMESPACE
 
+/// How the GPUs of a node reach each other: through NVLink (NVSwitch or direct links) or only through PCIe.
+/// Unknown keeps the rules that do not depend on it (a topology from before this fact, or no way to tell).
+enum class Interconnect { Unknown, Pcie, NvLink };
+
+/// "unknown", "pcie", "nvlink".
+constexpr std::string_view to_string(Interconnect i) noexcept {
+  return i == Interconnect::Pcie ? "pcie" : i == Interconnect::NvLink ? "nvlink" : "unknown";
+}
+
 /// The facts about one communicator group that decide which backend can run on it.
 /// Defaults: a single rank on one node whose GPUs can map each other's memory, with no NVLink multicast,
 /// no fabric handles and an unknown architecture. Every rank of a group holds the same values except rank.
@@ -26,6 +35,9 @@ struct Topology {
   bool fabric_handles_supported = false;  ///< every rank can export/import CU_MEM_HANDLE_TYPE_FABRIC memory
   bool node_peer_access = true;           ///< on every node, each rank can map every other rank's GPU memory
   int arch = 0;                           ///< lowest compute capability in the group x10 (90 = sm_90), 0 = unknown
+  /// How the ranks of each node reach each other's GPUs: Pcie when any pair of a node has no NVLink path, NvLink
+  /// when every pair has one, Unknown when discovery cannot tell (or the nodes hold one rank each).
+  Interconnect interconnect = Interconnect::Unknown;
 
   friend constexpr bool operator==(const Topology&, const Topology&) = default;
 };
@@ -62,13 +74,15 @@ inline std::vector<int> node_index_of_ranks(std::span<const std::string_view> id
 inline std::string arch_name(int arch) { return arch == 0 ? std::string("unknown") : "sm_" + std::to_string(arch); }
 
 /// One-line human description, e.g. "world_size 16, rank 3, 2 nodes, multicast yes, fabric handles yes,
-/// node peer access yes, arch sm_100".
+/// node peer access yes, arch sm_100" (", interconnect pcie" or ", interconnect nvlink" after it when known).
 inline std::string to_string(const Topology& t) {
   auto yes_no = [](bool b) { return b ? "yes" : "no"; };
   return "world_size " + std::to_string(t.world_size) + ", rank " + std::to_string(t.rank) + ", " +
          std::to_string(t.node_count) + (t.node_count == 1 ? " node" : " nodes") + ", multicast " +
          yes_no(t.multicast_supported) + ", fabric handles " + yes_no(t.fabric_handles_supported) +
-         ", node peer access " + yes_no(t.node_peer_access) + ", arch " + arch_name(t.arch);
+         ", node peer access " + yes_no(t.node_peer_access) + ", arch " + arch_name(t.arch) +
+         (t.interconnect == Interconnect::Unknown ? std::string()
+                                                  : ", interconnect " + std::string(to_string(t.interconnect)));
 }
 
 FIAR_END_NAMESPACE

@@ -26,9 +26,15 @@ struct MulticastView {
   std::uint32_t* stores = nullptr;  ///< host emulator: counts this rank's multicast stores (tests)
 };
 
+/// The element type of an in-switch reduction (multimem.ld_reduce): 4 floats, or 8 halves / bfloat16s accumulated
+/// in fp32, in a 16-byte vector.
+enum class ReduceKind { F32, F16, BF16 };
+
 /// What a kernel's logic needs of the machine: its position (lane in the block, block in the grid, block in its
 /// cluster), block-wide barrier, sum and max, the same sums and maxima over a cluster of blocks, a clock and a back-off
-/// for bounded waits, 16-byte accesses and system-scope atomics on memory other ranks touch, and the multicast store.
+/// for bounded waits, 16-byte accesses and system-scope atomics on memory other ranks touch, and the multicast
+/// operations: a store every member receives, a load that returns the members' values summed (the NVSwitch reduces),
+/// a system-scope release add into every member's word, and the fence between unicast and multicast accesses.
 template <class C>
 concept ExecutionContext = requires(C& c, float x, const std::uint32_t* cp, std::uint32_t* p, std::uint32_t w,
                                     const Vec16& v, const MulticastView& view, std::size_t offset) {
@@ -48,6 +54,9 @@ concept ExecutionContext = requires(C& c, float x, const std::uint32_t* cp, std:
   { c.load16(cp) } -> std::same_as<Vec16>;
   c.store16(p, v);
   c.multicast_store16(view, offset, v);
+  { c.multicast_ld_reduce16(view, offset, ReduceKind::F32) } -> std::same_as<Vec16>;
+  c.multicast_add_release(view, offset, w);
+  c.fence_multicast();
   { c.load_relaxed(cp) } -> std::same_as<std::uint32_t>;
   { c.load_acquire(cp) } -> std::same_as<std::uint32_t>;
   c.store_relaxed(p, w);

@@ -127,6 +127,38 @@ struct DeviceCtx : SystemAtomics {
                  : "memory");
 #endif  // the #error at the top of this header refuses device code below sm_90
   }
+  /// multimem.ld_reduce through the multicast mapping: the members' 16 bytes at `offset` summed by the NVSwitch
+  /// (fp32 accumulation for the 16-bit types). Inline PTX: CCCL wraps only the integer forms.
+  __device__ static Vec16 multicast_ld_reduce16(const MulticastView& view, std::size_t offset, ReduceKind kind) {
+    Vec16 v{0, 0, 0, 0};
+#if __CUDA_ARCH__ >= 900
+    const auto at = __cvta_generic_to_global(view.address + offset);
+    if (kind == ReduceKind::F32) {
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(at)
+                   : "memory");
+    } else if (kind == ReduceKind::F16) {
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.f16x2 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(at)
+                   : "memory");
+    } else {
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(at)
+                   : "memory");
+    }
+#endif
+    return v;
+  }
+  /// multimem.red.release.sys.global.add.u32: `value` added to the word at `offset` of every member.
+  __device__ static void multicast_add_release(const MulticastView& view, std::size_t offset, std::uint32_t value) {
+    cuda::ptx::multimem_red(cuda::ptx::sem_release, cuda::ptx::scope_sys, cuda::ptx::op_add, view.address + offset,
+                            value);
+  }
+  /// fence.proxy.alias: orders this thread's unicast and multicast accesses to the same memory.
+  __device__ static void fence_multicast() { cuda::ptx::fence_proxy_alias(); }
   /// 16-byte store to memory another rank reads concurrently: ONE st.volatile.global.v4.
   __device__ static void store16(std::uint32_t* p, const Vec16& v) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -18,6 +19,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "../core/prelude.hpp"
 #include "atomics.hpp"
@@ -106,6 +110,54 @@ class HostCtx : public SystemAtomics {
     for (int m = 0; m < view.member_count; ++m) store16(view.members[m] + offset, v);
     if (view.stores != nullptr) fetch_add_acq_rel(view.stores, 1u);
   }
+
+  /// A load-reduce through the multicast mapping: the members' 16 bytes at `offset`, summed element by element in
+  /// fp32 in member (rank) order and rounded once to the element type (on the GPU the switch sums them, in an order
+  /// it does not specify; multimem.ld_reduce with fp32 accumulation for 16-bit types).
+  static Vec16 multicast_ld_reduce16(const MulticastView& view, std::size_t offset, ReduceKind kind) {
+    float acc[8] = {};
+    for (int m = 0; m < view.member_count; ++m) {
+      const Vec16 v = load16(view.members[m] + offset);
+      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      for (int i = 0; i < 4; ++i) {
+        if (kind == ReduceKind::F32) {
+          acc[i] += std::bit_cast<float>(w[i]);
+        } else {
+          for (int h = 0; h < 2; ++h) {
+            const auto bits = static_cast<std::uint16_t>(w[i] >> (16 * h));
+            acc[2 * i + h] += kind == ReduceKind::F16 ? __half2float(std::bit_cast<__half>(bits))
+                                                      : __bfloat162float(std::bit_cast<__nv_bfloat16>(bits));
+          }
+        }
+      }
+    }
+    std::uint32_t out[4];
+    for (int i = 0; i < 4; ++i) {
+      if (kind == ReduceKind::F32) {
+        out[i] = std::bit_cast<std::uint32_t>(acc[i]);
+      } else {
+        std::uint32_t word = 0;
+        for (int h = 0; h < 2; ++h) {
+          const std::uint16_t bits = kind == ReduceKind::F16
+                                         ? std::bit_cast<std::uint16_t>(__float2half_rn(acc[2 * i + h]))
+                                         : std::bit_cast<std::uint16_t>(__float2bfloat16_rn(acc[2 * i + h]));
+          word |= static_cast<std::uint32_t>(bits) << (16 * h);
+        }
+        out[i] = word;
+      }
+    }
+    return Vec16{out[0], out[1], out[2], out[3]};
+  }
+
+  /// A system-scope release add through the multicast mapping: `value` added to the word at `offset` of every
+  /// member (multimem.red.release.sys.add.u32 on the GPU). The fence first gives it release order.
+  static void multicast_add_release(const MulticastView& view, std::size_t offset, std::uint32_t value) {
+    fence_system();
+    for (int m = 0; m < view.member_count; ++m) fetch_add_acq_rel(view.members[m] + offset, value);
+  }
+
+  /// Orders unicast and multicast accesses to the same memory (fence.proxy.alias on the GPU): one memory here.
+  static void fence_multicast() { fence_system(); }
 
  private:
   template <class Op>

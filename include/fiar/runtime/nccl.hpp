@@ -16,11 +16,20 @@
 #include <nccl.h>
 #endif
 
+// 1 when <nccl.h> has symmetric windows (ncclMemAlloc, ncclCommWindowRegister, NCCL_WIN_COLL_SYMMETRIC: NCCL 2.27+).
+#if FIAR_HAS_NCCL && defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 22700
+#define FIAR_NCCL_HAS_WINDOWS 1
+#else
+#define FIAR_NCCL_HAS_WINDOWS 0
+#endif
+
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 #include "../core/dtype.hpp"
 #include "../core/errors.hpp"
@@ -97,7 +106,44 @@ inline ncclResult_t nccl_wait(NcclComm comm, std::chrono::steady_clock::time_poi
   }
 }
 
+/// NCCL's version at run time (ncclGetVersion: 22809 for 2.28.9), 0 when it cannot tell.
+inline int nccl_runtime_version() noexcept {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return 0;
+  return v;
+}
+
 #endif  // FIAR_HAS_NCCL
+
+/// The first NCCL with symmetric windows (ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC): 2.27.0.
+inline constexpr int kNcclSymmetricVersion = 22700;
+
+/// Whether this build's <nccl.h> declares symmetric windows (NCCL 2.27 or newer at compile time).
+inline constexpr bool built_with_nccl_symmetric = FIAR_NCCL_HAS_WINDOWS != 0;
+
+/// Device memory from ncclMemAlloc (what symmetric windows need), released with ncclMemFree. Never throws on release.
+class NcclMemory {
+ public:
+  NcclMemory() = default;
+  NcclMemory(void* p, std::size_t bytes) noexcept : p_(p), bytes_(bytes) {}
+  NcclMemory(NcclMemory&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  NcclMemory& operator=(NcclMemory o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~NcclMemory() {
+#if FIAR_HAS_NCCL
+    if (p_ != nullptr) (void)ncclMemFree(p_);
+#endif
+  }
+  [[nodiscard]] void* get() const noexcept { return p_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
+};
 
 /// Destroys an owned communicator: finalize (waiting at most `timeout` for its operations), then destroy; abort
 /// instead when finalizing fails or does not finish in time. Leaves an adopted one alone. Never throws.
@@ -142,4 +188,20 @@ class NcclCommHandle {
 };
 
 }  // namespace detail
+
+/// The NCCL fiar runs with: ncclGetVersion's code (22809 for 2.28.9), 0 in a build without NCCL.
+inline int nccl_version() noexcept {
+#if FIAR_HAS_NCCL
+  return detail::nccl_runtime_version();
+#else
+  return 0;
+#endif
+}
+
+/// Whether a nccl workspace on GPUs can register a symmetric window (this build's nccl.h and the loaded NCCL are 2.27
+/// or newer); the workspace then runs NCCL's symmetric kernels unless FIAR_NCCL_SYMMETRIC=0 or it adopts a
+/// communicator.
+inline bool nccl_symmetric_available() noexcept {
+  return detail::built_with_nccl_symmetric && nccl_version() >= detail::kNcclSymmetricVersion;
+}
 FIAR_END_NAMESPACE

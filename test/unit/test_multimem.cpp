@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// Strategy::Multimem, the in-switch reduction of the mnnvl backend, on the host emulator (the emulated switch sums the
+// members in rank order in fp32): every pattern against the reference, bit-identical on every rank and with
+// one-shot there; sequences mixing it with the Lamport strategies (they share the rotating buffers) and changing
+// grids (the per-cluster barrier counters); a missing rank times out at the barrier; trtllm and nccl refuse it.
+#include <catch2/catch.hpp>
+#include <fiar/fiar.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "../common/fusion_reference.hpp"
+#include "../common/host_fusion_harness.hpp"
+#include "../common/host_harness.hpp"
+#include "../common/reference.hpp"
+
+using namespace std::chrono_literals;
+using fiar::MnnvlPolicy;
+using fiar::Pattern;
+using fiar::Strategy;
+using fiar_test::kSmallGrid;
+using fiar_test::one_node;
+using fiar_test::run_ranks;
+using fiar_test::Shape;
+
+TEST_CASE("multimem: the strategy's name, and its place in the enumeration", "[multimem]") {
+  CHECK(fiar::to_string(Strategy::Multimem) == "multimem");
+  CHECK(fiar::is_valid(Strategy::Multimem));
+  CHECK_FALSE(fiar::is_valid(static_cast<Strategy>(4)));
+  CHECK_THROWS_WITH(fiar::check_strategy(static_cast<Strategy>(4)), Catch::Contains("multimem"));
+}
+
+TEMPLATE_TEST_CASE("multimem: every fused pattern matches the reference, world sizes 2 to 8", "[multimem]", float,
+                   __half, __nv_bfloat16) {
+  const int world = GENERATE(from_range(fiar_test::sizes_for({2, 3, 8}, {2, 3})));
+  const int hidden = 16 * 19;  // an odd number of vectors: shares of unequal length
+  const Shape s{world, world + 1, hidden};
+  using fiar_test::run_and_check;
+  run_and_check<Pattern::AllReduce, TestType, MnnvlPolicy>(s, Strategy::Multimem, false);
+  run_and_check<Pattern::ResidualRmsNorm, TestType, MnnvlPolicy>(s, Strategy::Multimem, true);
+  run_and_check<Pattern::ResidualRmsNormFp8, TestType, MnnvlPolicy>(s, Strategy::Multimem, false);
+  run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType, MnnvlPolicy>(s, Strategy::Multimem, true);
+  if constexpr (sizeof(TestType) == 2) {
+    run_and_check<Pattern::ResidualRmsNormNvfp4, TestType, MnnvlPolicy>(s, Strategy::Multimem, true);
+  }
+}
+
+TEMPLATE_TEST_CASE("multimem: 60 calls mixing multimem, one-shot and two-shot at changing token counts", "[multimem]",
+                   float, __nv_bfloat16) {
+  const int world = 4;
+  const fiar::WorkspaceConfig cfg{.max_token_num = 9, .hidden_dim = 64, .oneshot_at_max_tokens = true};
+  const Strategy order[] = {Strategy::Multimem, Strategy::OneShot,  Strategy::Multimem,
+                            Strategy::TwoShot,  Strategy::Multimem, Strategy::Multimem};
+  const auto ran = fiar_test::run_and_check<TestType, MnnvlPolicy>(
+      world, cfg, 60, [](int c) { return 1 + (c * 5) % 9; }, [&](int c) { return order[c % 6]; });
+  int multimem = 0;
+  for (Strategy s : ran) multimem += s == Strategy::Multimem ? 1 : 0;
+  CHECK(multimem == 40);
+}
+
+TEST_CASE("multimem: 64 ranks", "[multimem]") {
+  const fiar::WorkspaceConfig cfg{.max_token_num = 3, .hidden_dim = 1024};
+  fiar_test::run_and_check<float, MnnvlPolicy>(
+      fiar_test::kUnderTsan ? 16 : 64, cfg, 3, [](int c) { return 1 + c; }, [](int) { return Strategy::Multimem; });
+}
+
+TEST_CASE("multimem: a rank that never calls makes the others time out at the barrier", "[multimem]") {
+  std::vector<fiar_test::AfterPeerStopped> seen(2);
+  auto errors = run_ranks(2, [&](int rank, fiar::InProcessBootstrap& boot) {
+    const fiar::WorkspaceConfig cfg{.max_token_num = 2, .hidden_dim = 64, .timeout = 300ms};
+    fiar::Workspace<MnnvlPolicy, float, fiar::HostPlatform> ws(boot, one_node(2, rank), cfg, kSmallGrid);
+    std::vector<float> in(128, 1.0f), out(128);
+    if (rank == 0) {
+      seen[0] = fiar_test::after_peer_stopped(
+          ws, [&] { ws.allreduce(in.data(), out.data(), 2, nullptr, Strategy::Multimem); });
+    }
+    boot.barrier();  // rank 1 keeps its workspace until rank 0 has given up
+  });
+  fiar_test::require_no_errors(errors);
+  CAPTURE(seen[0].first);
+  CHECK(seen[0].first.find("gave up after 300 ms") != std::string::npos);
+  CHECK(seen[0].took < 10s);
+  CHECK(!seen[0].later.empty());
+  CHECK(seen[0].checked == seen[0].later);
+}
+
+TEST_CASE("multimem: trtllm and nccl refuse the strategy, naming mnnvl", "[multimem]") {
+  std::vector<std::string> trtllm(2), nccl(2);
+  auto errors = run_ranks(2, [&](int rank, fiar::InProcessBootstrap& boot) {
+    const fiar::WorkspaceConfig cfg{.max_token_num = 2, .hidden_dim = 64};
+    std::vector<float> in(128, 1.0f), out(128);
+    fiar::Workspace<fiar::TrtllmPolicy, float, fiar::HostPlatform> t(boot, one_node(2, rank), cfg, kSmallGrid);
+    CHECK_FALSE(t.is_buffer_size_sufficient(2, Strategy::Multimem));
+    trtllm[static_cast<std::size_t>(rank)] = fiar_test::thrown<std::invalid_argument>(
+        [&] { t.allreduce(in.data(), out.data(), 2, nullptr, Strategy::Multimem); });
+    fiar::Workspace<fiar::NcclPolicy, float, fiar::HostPlatform> n(boot, one_node(2, rank), cfg, kSmallGrid);
+    nccl[static_cast<std::size_t>(rank)] = fiar_test::thrown<std::invalid_argument>(
+        [&] { n.allreduce(in.data(), out.data(), 2, nullptr, Strategy::Multimem); });
+    // Both still work afterwards: the refusal came before anything was launched.
+    t.allreduce(in.data(), out.data(), 2);
+    n.allreduce(in.data(), out.data(), 2);
+  });
+  fiar_test::require_no_errors(errors);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(trtllm[static_cast<std::size_t>(r)], nccl[static_cast<std::size_t>(r)]);
+    CHECK(trtllm[static_cast<std::size_t>(r)].find("mnnvl") != std::string::npos);
+    CHECK(!nccl[static_cast<std::size_t>(r)].empty());
+  }
+}
+
+TEST_CASE("multimem: one rank in-switch, the other one-shot: mismatch_error on both, naming multimem", "[multimem]") {
+  std::vector<std::string> seen(2);
+  auto errors = run_ranks(2, [&](int rank, fiar::InProcessBootstrap& boot) {
+    const fiar::WorkspaceConfig cfg{.max_token_num = 2, .hidden_dim = 64, .timeout = 5s};
+    fiar::Workspace<MnnvlPolicy, float, fiar::HostPlatform> ws(boot, one_node(2, rank), cfg, kSmallGrid);
+    std::vector<float> in(128, 1.0f), out(128);
+    seen[static_cast<std::size_t>(rank)] = fiar_test::thrown<fiar::mismatch_error>(
+        [&] { ws.allreduce(in.data(), out.data(), 2, nullptr, rank == 0 ? Strategy::Multimem : Strategy::OneShot); });
+  });
+  fiar_test::require_no_errors(errors);
+  for (const auto& s : seen) {
+    CAPTURE(s);
+    CHECK(s.find("strategy multimem") != std::string::npos);
+    CHECK(s.find("strategy oneshot") != std::string::npos);
+  }
+}
