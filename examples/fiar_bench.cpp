@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -666,6 +667,19 @@ int run(const Options& o, const std::string& platform, int world, int gpus) {
       run_backend<T, fiar::HostPlatform>(o, topo, b, pts, gpus, iterations, warmup, rows);
     } else {
       run_backend<T, fiar::CudaPlatform>(o, topo, b, pts, gpus, iterations, warmup, rows);
+      if (b == fiar::Backend::Nccl && fiar::nccl_symmetric_available()) {
+        // The classic baseline next to the symmetric rows: the same calls with the window turned off (rows "nccl").
+        const char* before = std::getenv("FIAR_NCCL_SYMMETRIC");
+        const std::string saved = before != nullptr ? before : "";
+        ::setenv("FIAR_NCCL_SYMMETRIC", "0",
+                 1);  // read by every rank's workspace at creation, in threads started later
+        run_backend<T, fiar::CudaPlatform>(o, topo, b, pts, gpus, iterations, warmup, rows);
+        if (before != nullptr) {
+          ::setenv("FIAR_NCCL_SYMMETRIC", saved.c_str(), 1);
+        } else {
+          ::unsetenv("FIAR_NCCL_SYMMETRIC");
+        }
+      }
     }
   }
   write_outputs(o, rows, platform, world, shared_gpu);

@@ -5,6 +5,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -171,6 +172,21 @@ static_assert(requires(const TcpBootstrap& b, TcpBootstrapOptions o, LaunchEnvir
   { e.source } -> std::same_as<std::string&>;
   { h.across_processes() } -> std::same_as<bool>;
   { w.platform() } -> std::same_as<HostPlatform&>;
+});
+
+// Never slower than the alternatives: the interconnect fact, NCCL's symmetric windows, the in-switch reduction.
+static_assert(to_string(Interconnect::Pcie) == "pcie" && Topology{}.interconnect == Interconnect::Unknown);
+static_assert(slow_on(Backend::Trtllm, Topology{.world_size = 4, .interconnect = Interconnect::Pcie}) &&
+              ranks_per_node(Topology{.world_size = 8, .node_count = 2}) == 4 && TrtllmPolicy::pcie_max_ranks == 2);
+static_assert(std::same_as<decltype(expected_cost(Backend::Trtllm, Topology{})), std::string> &&
+              std::same_as<decltype(why_auto_skips(Backend::Trtllm, Topology{})), std::string>);
+static_assert(std::same_as<decltype(TopologyOverrides{}.interconnect), std::optional<Interconnect>>);
+static_assert(std::same_as<decltype(nccl_version()), int> && std::same_as<decltype(nccl_symmetric_available()), bool>);
+static_assert(to_string(Strategy::Multimem) == "multimem" && is_valid(Strategy::Multimem));
+static_assert(std::same_as<decltype(WorkspaceConfig{}.multimem_min_bytes), std::optional<std::size_t>>);
+static_assert(requires(const Workspace<NcclPolicy, float, CudaPlatform>& w) {
+  { w.nccl_symmetric() } -> std::same_as<bool>;
+  { w.nccl_classic_reason() } -> std::same_as<const std::string&>;
 });
 
 // Log levels.

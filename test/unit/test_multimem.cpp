@@ -125,3 +125,27 @@ TEST_CASE("multimem: one rank in-switch, the other one-shot: mismatch_error on b
     CHECK(s.find("strategy oneshot") != std::string::npos);
   }
 }
+
+TEST_CASE("multimem: WorkspaceConfig::multimem_min_bytes lets Auto take it from that size, on mnnvl only",
+          "[multimem]") {
+  const int world = 3, hidden = 64;
+  const std::size_t row = hidden * sizeof(float);
+  fiar::WorkspaceConfig cfg{.max_token_num = 8, .hidden_dim = hidden};
+  cfg.multimem_min_bytes = 4 * row;  // 4 tokens and more
+  const auto ran = fiar_test::run_and_check<float, MnnvlPolicy>(
+      world, cfg, 16, [](int c) { return 1 + c % 8; }, [](int) { return Strategy::Auto; });
+  for (std::size_t c = 0; c < ran.size(); ++c) {
+    const int tokens = 1 + static_cast<int>(c) % 8;
+    CAPTURE(c, tokens);
+    CHECK((ran[c] == Strategy::Multimem) == (tokens >= 4));
+  }
+  // trtllm ignores it (the same configuration serves auto's fallback from mnnvl).
+  const auto trtllm = fiar_test::run_and_check<float, fiar::TrtllmPolicy>(
+      world, cfg, 8, [](int c) { return 1 + c; }, [](int) { return Strategy::Auto; });
+  for (Strategy s : trtllm) CHECK(s != Strategy::Multimem);
+  // A pool does not serve a request with another threshold from this workspace.
+  fiar::WorkspaceConfig other = cfg;
+  other.multimem_min_bytes = 8 * row;
+  CHECK_FALSE(fiar::config_can_serve(cfg, other));
+  CHECK(fiar::config_can_serve(cfg, cfg));
+}

@@ -121,9 +121,14 @@ class LamportWorkspace {
   [[nodiscard]] Strategy last_strategy() const { return last_strategy_; }
 
   [[nodiscard]] Strategy strategy_for(int num_tokens) const {
-    return choose_strategy(topo_.world_size, num_tokens,
-                           static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cfg_.hidden_dim) * sizeof(T),
-                           oneshot_threshold());
+    const std::size_t bytes =
+        static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cfg_.hidden_dim) * sizeof(T);
+    if constexpr (kMulticast) {
+      if (cfg_.multimem_min_bytes && topo_.world_size > 1 && bytes >= *cfg_.multimem_min_bytes) {
+        return Strategy::Multimem;
+      }
+    }
+    return choose_strategy(topo_.world_size, num_tokens, bytes, oneshot_threshold());
   }
 
   /// Whether one call of num_tokens tokens with that strategy fits: one of the three Lamport buffers backs a call,

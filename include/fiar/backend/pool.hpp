@@ -37,7 +37,8 @@ FIAR_BEGIN_NAMESPACE
 constexpr bool config_can_serve(const WorkspaceConfig& have, const WorkspaceConfig& want) {
   return have.hidden_dim == want.hidden_dim && have.timeout == want.timeout &&
          have.oneshot_max_bytes == want.oneshot_max_bytes && have.max_token_num >= want.max_token_num &&
-         (have.oneshot_at_max_tokens || !want.oneshot_at_max_tokens) && have.verify_calls == want.verify_calls;
+         (have.oneshot_at_max_tokens || !want.oneshot_at_max_tokens) && have.verify_calls == want.verify_calls &&
+         have.multimem_min_bytes == want.multimem_min_bytes;
 }
 
 /// The workspaces of one group (one per distinct need), for several purposes (e.g. the plain all-reduce and the

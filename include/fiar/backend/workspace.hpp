@@ -53,6 +53,8 @@ struct ConfigDigest {
   std::uint32_t threshold_given = 0;
   std::uint32_t oneshot_at_max_tokens = 0;
   std::uint32_t verify_calls = 0;
+  std::uint32_t multimem_given = 0;
+  std::uint64_t multimem_min_bytes = 0;  ///< meaningful when multimem_given
 
   static ConfigDigest of(const WorkspaceConfig& c) {
     return ConfigDigest{c.oneshot_max_bytes.value_or(0),
@@ -61,7 +63,9 @@ struct ConfigDigest {
                         c.hidden_dim,
                         c.oneshot_max_bytes ? 1u : 0u,
                         c.oneshot_at_max_tokens ? 1u : 0u,
-                        c.verify_calls ? 1u : 0u};
+                        c.verify_calls ? 1u : 0u,
+                        c.multimem_min_bytes ? 1u : 0u,
+                        c.multimem_min_bytes.value_or(0)};
   }
   friend bool operator==(const ConfigDigest&, const ConfigDigest&) = default;
 
@@ -71,7 +75,8 @@ struct ConfigDigest {
     return "max_token_num " + std::to_string(max_token_num) + ", hidden_dim " + std::to_string(hidden_dim) +
            ", timeout " + std::to_string(timeout_ms) + " ms, oneshot_max_bytes " +
            (threshold_given ? std::to_string(oneshot_max_bytes) : std::string("default")) + ", oneshot_at_max_tokens " +
-           (oneshot_at_max_tokens ? "true" : "false") + ", verify_calls " + (verify_calls ? "true" : "false");
+           (oneshot_at_max_tokens ? "true" : "false") + ", verify_calls " + (verify_calls ? "true" : "false") +
+           (multimem_given ? ", multimem_min_bytes " + std::to_string(multimem_min_bytes) : std::string());
   }
 };
 

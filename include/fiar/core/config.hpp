@@ -31,6 +31,11 @@ struct WorkspaceConfig {
   /// before it trusts their data: a rank whose call differs makes every rank raise fiar::mismatch_error instead of
   /// returning wrong data. false saves the digest's exchange (fiar-bench --verify-calls 0 shows its cost).
   bool verify_calls = true;
+  /// mnnvl: per-rank message bytes from which Strategy::Auto takes the in-switch reduction (Strategy::Multimem) instead
+  /// of the one-shot / two-shot table, at 2 ranks or more. Default: never (the built-in table has no multimem entry
+  /// until it is measured on NVSwitch hardware; scripts/model and fiar-bench --strategy multimem show where it pays).
+  /// trtllm and nccl ignore it, so one configuration serves Backend::Auto's fallback too.
+  std::optional<std::size_t> multimem_min_bytes = std::nullopt;
 };
 
 /// The tensors and parameters of one fused call, checked against the pattern before anything runs: every tensor
