@@ -45,8 +45,6 @@ struct MultimemParams {
   LamportParams<T> base;       ///< buffers, multicast view, state, error record, epilogue
   std::size_t counters;        ///< word offset of the barrier counters in every rank's region (and the view)
   std::uint32_t* generations;  ///< this rank's kMultimemCounters words: each counter's value after its last barrier
-  int num_tokens;              ///< = base.num_tokens (the launch shape reads it here)
-  int vecs_per_token;          ///< = base.vecs_per_token
 };
 
 namespace detail {
@@ -173,6 +171,10 @@ template <Pattern P, ReduceType T>
 struct MultimemReduce : exec::PerTokenOperation<MultimemParams<T>, P, T> {
   using Params = MultimemParams<T>;  // named here: nvcc's host stub spells the kernel's parameter type through it
   static constexpr const char* name = "multimem";
+  /// The Lamport kernels' launch (a cluster per token), from the call's shape in `base`.
+  static constexpr exec::LaunchShape shape(const Params& m, const exec::LaunchLimits& limits) {
+    return exec::spread_shape(m.base.num_tokens, m.base.vecs_per_token, limits.max_blocks);
+  }
   FIAR_EXEC_CHECK_DISABLE
   template <class Ctx>
   FIAR_HD static void run(Ctx& ctx, const Params& m) {

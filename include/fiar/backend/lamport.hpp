@@ -176,21 +176,15 @@ class LamportWorkspace {
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.timeout).count());
     p.verify = cfg_.verify_calls;
     p.epi = algo::epilogue_params(a);
-    if constexpr (kMulticast) {
-      if (s == Strategy::Multimem) {
-        algo::MultimemParams<T> m{};
-        m.base = p;
-        m.counters = algo::kLamportBuffers * buffer_words_;
-        m.generations = generations_.get();
-        m.num_tokens = p.num_tokens;
-        m.vecs_per_token = p.vecs_per_token;
-        platform_.template launch<InSwitch<P, T>>(m, stream);
-        last_strategy_ = s;
-        if constexpr (Pf::synchronous) check();
-        return;
+    if (s == Strategy::Multimem) {
+      // Only mnnvl gets here: Workspace::run rejects Multimem elsewhere (strategy_error).
+      if constexpr (kMulticast) {
+        platform_.template launch<InSwitch<P, T>>(
+            algo::MultimemParams<T>{p, algo::kLamportBuffers * buffer_words_, generations_.get()}, stream);
+      } else {
+        throw std::logic_error("fiar: unreachable: Strategy::Multimem reached a workspace without multicast");
       }
-    }
-    if (s == Strategy::TwoShot) {
+    } else if (s == Strategy::TwoShot) {
       platform_.template launch<TwoShot<P, T>>(p, stream);
     } else {
       platform_.template launch<OneShot<P, T>>(p, stream);

@@ -548,9 +548,9 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
       }
       nccl_check(ready, call + " (reported by ncclCommGetAsyncError)", hint, comm_.get());
     });
-    const auto outcomes = all_gather_value(boot, registered);
+    const auto outcomes = all_gather_value(boot, Envelope<NoValue>{registered, {}});
     const bool all_failed =
-        std::all_of(outcomes.begin(), outcomes.end(), [](const StepOutcome& o) { return o.failed(); });
+        std::all_of(outcomes.begin(), outcomes.end(), [](const Envelope<NoValue>& o) { return o.outcome.failed(); });
     if (all_failed) {
       // NCCL refused the same way everywhere (e.g. a topology its symmetric kernels do not cover): stay classic.
       window_ = NcclMemory();
@@ -559,13 +559,7 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
       return log_path();
     }
     try {
-      for (std::size_t r = 0; r < outcomes.size(); ++r) {
-        if (!outcomes[r].failed()) continue;
-        raise(outcomes[r], static_cast<int>(r) == boot.rank()
-                               ? outcomes[r].message()
-                               : failure_elsewhere("registering the nccl workspace's symmetric window on rank {rank}",
-                                                   static_cast<int>(r), outcomes[r].message()));
-      }
+      raise_first_failure(outcomes, boot.rank(), "registering the nccl workspace's symmetric window on rank {rank}");
     } catch (...) {
       comm_.abort();  // some ranks registered, some did not: the communicator cannot be trusted
       throw;

@@ -42,6 +42,17 @@ std::vector<T> all_gather_value(B& boot, const T& value) {
   return out;
 }
 
+namespace detail {
+/// Throws std::invalid_argument (before any waiting) unless `out` holds `size` blocks of in.size() bytes: the one
+/// argument check every bootstrap's all_gather makes.
+inline void check_gather_output(int rank, int size, std::span<const std::byte> in, std::span<std::byte> out) {
+  if (out.size() == in.size() * static_cast<std::size_t>(size)) return;
+  throw std::invalid_argument(
+      "fiar: all_gather on rank " + std::to_string(rank) + ": output holds " + std::to_string(out.size()) +
+      " bytes; it must hold size() x input = " + std::to_string(size) + " x " + std::to_string(in.size()) + " bytes.");
+}
+}  // namespace detail
+
 class InProcessBootstrap;
 
 /// A group whose ranks are threads of one process (tests, the host emulator, one process driving
@@ -76,11 +87,7 @@ class InProcessGroup {
   friend class InProcessBootstrap;
 
   void all_gather(int rank, std::span<const std::byte> in, std::span<std::byte> out) {
-    if (out.size() != in.size() * static_cast<std::size_t>(size_)) {
-      throw std::invalid_argument("fiar: all_gather on rank " + std::to_string(rank) + ": output holds " +
-                                  std::to_string(out.size()) + " bytes; it must hold size() x input = " +
-                                  std::to_string(size_) + " x " + std::to_string(in.size()) + " bytes.");
-    }
+    detail::check_gather_output(rank, size_, in, out);
     std::unique_lock lock(mutex_);
     if (!broken_.empty()) throw timeout_error(broken_);
     pending_[static_cast<std::size_t>(rank)].assign(in.begin(), in.end());

@@ -211,31 +211,25 @@ DiscoveryReport discover_topology_report(B& boot, const LocalDevice& local, cons
   std::int32_t link = 0;
   std::int32_t peers_ok = local.usable ? 1 : 0;
   for (int r = 0; r < world; ++r) {
-    if (r == me ||
-        report.node_of_rank[static_cast<std::size_t>(r)] != report.node_of_rank[static_cast<std::size_t>(me)]) {
-      continue;
-    }
-    const std::string bus = all[static_cast<std::size_t>(r)].pci_bus_id.data();
-    if (bus == local.pci_bus_id && local.usable) continue;  // ranks sharing one GPU use no link: no vote
-    Interconnect i = Interconnect::Unknown;
-    if (local.usable && all[static_cast<std::size_t>(r)].usable && local.link_to_peer) i = local.link_to_peer(bus);
-    link = std::max(link, i == Interconnect::Pcie ? 3 : i == Interconnect::Unknown ? 2 : 1);
-  }
-  for (int r = 0; r < world && peers_ok; ++r) {
     const auto& peer = all[static_cast<std::size_t>(r)];
     if (r == me ||
         report.node_of_rank[static_cast<std::size_t>(r)] != report.node_of_rank[static_cast<std::size_t>(me)]) {
       continue;
     }
     const std::string bus = peer.pci_bus_id.data();
-    if (!peer.usable) {
+    const bool same_gpu = bus == local.pci_bus_id;
+    if (peers_ok && !peer.usable) {
       peers_ok = 0;
-    } else if (bus != local.pci_bus_id && local.can_map_peer && !local.can_map_peer(bus)) {
+    } else if (peers_ok && !same_gpu && local.can_map_peer && !local.can_map_peer(bus)) {
       peers_ok = 0;
       report.notes.push_back("rank " + std::to_string(me) + " (GPU " + local.pci_bus_id +
                              ") cannot map the memory of rank " + std::to_string(r) + " (GPU " + bus +
                              "): no CUDA peer access between them");
     }
+    if (same_gpu && local.usable) continue;  // ranks sharing one GPU use no link: no link vote
+    const Interconnect i =
+        local.usable && peer.usable && local.link_to_peer ? local.link_to_peer(bus) : Interconnect::Unknown;
+    link = std::max(link, i == Interconnect::Pcie ? 3 : i == Interconnect::Unknown ? 2 : 1);
   }
   const std::vector<std::int32_t> peer_votes = detail::agree(boot, {}, peers_ok, "topology discovery");
   const std::vector<std::int32_t> link_votes = detail::agree(boot, {}, link, "topology discovery");

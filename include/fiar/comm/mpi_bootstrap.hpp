@@ -56,11 +56,7 @@ class MpiBootstrap {
   [[nodiscard]] int size() const noexcept { return size_; }
 
   void all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
-    if (out.size() != in.size() * static_cast<std::size_t>(size_)) {
-      throw std::invalid_argument("fiar: all_gather on rank " + std::to_string(rank_) + ": output holds " +
-                                  std::to_string(out.size()) + " bytes; it must hold size() x input = " +
-                                  std::to_string(size_) + " x " + std::to_string(in.size()) + " bytes.");
-    }
+    detail::check_gather_output(rank_, size_, in, out);
     // Every rank must pass the same size: exchange the sizes first, so that a mismatch is an error, not UB.
     unsigned long long mine = in.size();
     std::vector<unsigned long long> sizes(static_cast<std::size_t>(size_));

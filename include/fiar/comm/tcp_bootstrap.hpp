@@ -157,7 +157,7 @@ namespace detail {
 /// One frame of the TCP bootstrap's protocol: this header, then `bytes` of payload.
 struct TcpFrame {
   enum Kind : std::uint32_t { kHello = 1, kWelcome, kBlock, kResult, kFailure };
-  std::uint32_t magic = 0x66696154u;  // "fiaT"
+  std::uint32_t magic = 0;  ///< kTcpMagic ("fiaT"), set by tcp_send_frame
   std::uint32_t kind = 0;
   std::uint64_t sequence = 0;  ///< the collective's number (the hello's: 0)
   std::uint64_t bytes = 0;
@@ -289,11 +289,7 @@ class TcpBootstrap {
   [[nodiscard]] const TcpBootstrapOptions& options() const noexcept { return options_; }
 
   void all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
-    if (out.size() != in.size() * static_cast<std::size_t>(size())) {
-      throw std::invalid_argument("fiar: all_gather on rank " + std::to_string(rank()) + ": output holds " +
-                                  std::to_string(out.size()) + " bytes; it must hold size() x input = " +
-                                  std::to_string(size()) + " x " + std::to_string(in.size()) + " bytes.");
-    }
+    detail::check_gather_output(rank(), size(), in, out);
     if (!broken_.empty()) throw timeout_error(broken_);
     ++sequence_;
     if (size() == 1) {
@@ -400,13 +396,13 @@ class TcpBootstrap {
   }
 
   [[nodiscard]] std::string missing_peers() const {
-    std::string missing;
+    std::vector<int> missing;
     for (int r = 1; r < size(); ++r) {
       if (static_cast<std::size_t>(r) >= peers_.size() || !peers_[static_cast<std::size_t>(r)].valid()) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        missing.push_back(r);
       }
     }
-    return missing;
+    return detail::rank_list(missing);
   }
 
   detail::UniqueFd listen_on(int port) {
@@ -555,28 +551,27 @@ class TcpBootstrap {
     arrived[0] = true;
     std::size_t waiting = n - 1;
     std::vector<pollfd> fds;
+    std::vector<int> rank_of;  // rank_of[i]: the rank whose connection fds[i] polls
     while (waiting > 0) {
       fds.clear();
+      rank_of.clear();
       for (std::size_t r = 1; r < n; ++r) {
-        if (!arrived[r]) fds.push_back(pollfd{peers_[r].get(), POLLIN, 0});
+        if (arrived[r]) continue;
+        fds.push_back(pollfd{peers_[r].get(), POLLIN, 0});
+        rank_of.push_back(static_cast<int>(r));
       }
       const int ready = ::poll(fds.data(), fds.size(), detail::remaining_ms(deadline));
       if (ready < 0 && errno == EINTR) continue;
       if (ready <= 0) {
-        std::string missing;
-        for (std::size_t r = 1; r < n; ++r) {
-          if (!arrived[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        }
         fail_group("fiar: TcpBootstrap collective " + std::to_string(sequence_) + " timed out after " +
                    std::to_string(options_.timeout.count()) + " ms on rank 0: " + std::to_string(n - waiting) + " of " +
-                   std::to_string(n) + " ranks arrived; missing rank(s): " + missing +
+                   std::to_string(n) + " ranks arrived; missing rank(s): " + detail::rank_list(rank_of) +
                    ". A rank hung or called a different collective; the group is unusable now.");
       }
-      for (const pollfd& p : fds) {
+      for (std::size_t i = 0; i < fds.size(); ++i) {
+        const pollfd& p = fds[i];
         if (p.revents == 0) continue;
-        const auto r = static_cast<std::size_t>(
-            std::find_if(peers_.begin(), peers_.end(), [&](const detail::UniqueFd& c) { return c.get() == p.fd; }) -
-            peers_.begin());
+        const auto r = static_cast<std::size_t>(rank_of[i]);
         try {
           const detail::TcpFrame f = detail::tcp_recv_frame(p.fd, blocks[r], deadline);
           if (f.kind != detail::TcpFrame::kBlock || f.sequence != sequence_) {
