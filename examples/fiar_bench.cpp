@@ -54,8 +54,12 @@ constexpr const char* kUsage = R"(usage: fiar-bench [options]
   --dtype float|half|bf16     element type (default bf16)
   --pattern LIST              allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic,
                               residual_rmsnorm_nvfp4 (default allreduce)
-  --strategy LIST             auto, oneshot, twoshot, multimem (default: one-shot, two-shot and auto on trtllm,
-                              the same plus multimem on mnnvl; nccl runs auto; multimem rows run on mnnvl only)
+  --strategy LIST             auto, oneshot, twoshot, multimem, nccl (default: one-shot, two-shot and auto on
+                              trtllm, the same plus multimem on mnnvl; the nccl backend runs auto; multimem rows run
+                              on mnnvl only; nccl rows on trtllm / mnnvl take the workspace's NCCL route)
+  --nccl-min-bytes BYTES|never
+                              trtllm / mnnvl: WorkspaceConfig::nccl_min_bytes (default: the strategy table's; with
+                              nccl rows and no value, the largest row's size, so that the route exists)
   --tokens LIST               tokens per call (default 1,2,4,...,512; host emulator 1,4,16)
   --hidden N                  hidden size (default 8192; host emulator 1024)
   -b BYTES, -e BYTES, -f F    instead of --tokens: sizes per rank from -b to -e, times F each step (default F 2);
@@ -88,7 +92,8 @@ struct Options {
   std::string dtype = "bf16";
   std::vector<Pattern> patterns = {Pattern::AllReduce};
   std::vector<Strategy> strategies;  // empty: oneshot, twoshot, auto
-  std::vector<int> tokens;           // empty: the platform's default
+  std::optional<std::size_t> nccl_min_bytes;
+  std::vector<int> tokens;  // empty: the platform's default
   std::optional<int> hidden;
   std::optional<long long> size_begin, size_end;
   int size_factor = 2;
@@ -152,6 +157,9 @@ void add_options(fiar_cli::CommandLine& cli, Options& o) {
   cli.option("--strategy", [&o](Text flag, Text v) {
     o.strategies.clear();
     for (const auto& st : split(v)) o.strategies.push_back(parse_strategy(flag, st));
+  });
+  cli.option("--nccl-min-bytes", [&o](Text flag, Text v) {
+    o.nccl_min_bytes = v == "never" ? fiar::never : static_cast<std::size_t>(parse_bytes(flag, v));
   });
   cli.option("--tokens", [&o](Text flag, Text v) {
     o.tokens.clear();
@@ -309,6 +317,15 @@ std::vector<Strategy> strategies_for(const Options& o, fiar::Backend b) {
   return out;
 }
 
+// WorkspaceConfig::nccl_min_bytes of a run: the flag's, else (nccl rows on trtllm / mnnvl) the largest row's bytes so
+// that the route exists, else the table's.
+std::optional<std::size_t> nccl_min_bytes_for(const Options& o, fiar::Backend b, std::size_t largest_bytes) {
+  if (o.nccl_min_bytes || b == fiar::Backend::Nccl) return o.nccl_min_bytes;
+  const auto rows = strategies_for(o, b);
+  if (std::find(rows.begin(), rows.end(), Strategy::Nccl) != rows.end()) return largest_bytes;
+  return std::nullopt;
+}
+
 // The backends of the run: the requested ones resolved against the topology (auto: fiar's choice), plus the nccl
 // baseline when none was requested and NCCL can run.
 std::vector<fiar::Backend> backends_for(const Options& o, const fiar::Topology& topo, bool nccl_can_run) {
@@ -362,15 +379,29 @@ int plan(const Options& o, const fiar::Topology& topo) {
               r.cluster = shape.cluster;
             }
           } else {
-            const Strategy ran = s != Strategy::Auto
-                                     ? s
-                                     : fiar::choose_strategy(world, pt.tokens, bytes,
-                                                             fiar::default_oneshot_max_bytes(b, topo.arch, world));
+            // The row of the strategy table the run's workspace resolves (its largest call decides the route).
+            std::size_t largest = 0;
+            for (const Point& q : points<T>(o, false)) {
+              if (q.hidden == pt.hidden) largest = std::max(largest, std::size_t(q.tokens) * q.hidden * sizeof(T));
+            }
+            fiar::WorkspaceConfig cfg;
+            cfg.nccl_min_bytes = nccl_min_bytes_for(o, b, largest);
+            const fiar::StrategyThresholds row = fiar::strategy_thresholds(b, topo, cfg);
+            const bool route = world > 1 && row.nccl_min_bytes <= largest;
+            const Strategy ran = s != Strategy::Auto ? s
+                                                     : fiar::choose_strategy(row, world, pt.tokens, bytes,
+                                                                             b == fiar::Backend::Mnnvl, route);
             r.ran = std::string(fiar::to_string(ran));
-            r.kernel = r.backend + " " + r.ran;
-            r.blocks = shape.blocks;
-            r.threads = shape.threads;
-            r.cluster = shape.cluster;
+            if (ran == Strategy::Nccl) {
+              r.kernel = p == Pattern::AllReduce ? "ncclAllReduce only" : "ncclAllReduce + epilogue";
+            } else {
+              r.kernel = r.backend + " " + r.ran;
+            }
+            if (ran != Strategy::Nccl || p != Pattern::AllReduce) {
+              r.blocks = shape.blocks;
+              r.threads = shape.threads;
+              r.cluster = shape.cluster;
+            }
           }
           std::printf(" %12lld %7d %7d %6s %-29s %-7s %-8s %-8s %-28s %7d %8d %8d\n", r.size_bytes, r.tokens, r.hidden,
                       r.dtype.c_str(), r.pattern.c_str(), r.backend.c_str(), r.strategy.c_str(), r.ran.c_str(),
@@ -504,12 +535,14 @@ void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend bac
     std::vector<std::vector<Check>> checks(jobs.size(), std::vector<Check>(static_cast<std::size_t>(world)));
     std::vector<Strategy> ran(jobs.size(), Strategy::Auto);
     std::vector<std::string> failures(static_cast<std::size_t>(world));
-    bool nccl_symmetric = false;  // written by rank 0's thread before the join
+    bool nccl_symmetric = false;    // written by rank 0's thread before the join
+    std::size_t symmetric_max = 0;  // the nccl workspace's window bound (calls above it run in place)
     fiar::WorkspaceConfig cfg;
     cfg.max_token_num = tokens_here;
     cfg.hidden_dim = hidden;
     cfg.oneshot_at_max_tokens = true;  // forced one-shot rows at every size
     cfg.verify_calls = o.verify_calls;
+    cfg.nccl_min_bytes = nccl_min_bytes_for(o, backend, static_cast<std::size_t>(tokens_here) * hidden * sizeof(T));
     fiar::InProcessGroup group(world);
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
@@ -533,8 +566,10 @@ void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend bac
           auto ws = fiar::make_workspace<T, Platform>(boot, mine, cfg, backend, popts);
           if constexpr (std::is_same_v<Platform, fiar::CudaPlatform>) {
             // Which ncclAllReduce the nccl rows measure: NCCL's symmetric kernels or the classic ones.
-            if (auto* n = ws.template get_if<fiar::NcclPolicy>(); n != nullptr && r == 0)
+            if (auto* n = ws.template get_if<fiar::NcclPolicy>(); n != nullptr && r == 0) {
               nccl_symmetric = n->nccl_symmetric();
+              symmetric_max = n->strategy_thresholds().nccl_symmetric_max_bytes;
+            }
           }
           for (std::size_t j = 0; j < jobs.size(); ++j) {
             Strategy got = Strategy::Auto;
@@ -564,8 +599,8 @@ void run_backend(const Options& o, const fiar::Topology& topo, fiar::Backend bac
       row.backend = std::string(fiar::to_string(backend));
       row.strategy = std::string(fiar::to_string(jobs[j].strategy));
       row.ran = backend != fiar::Backend::Nccl ? std::string(fiar::to_string(ran[j]))
-                : nccl_symmetric               ? "nccl-symmetric"
-                                               : "nccl";
+                : nccl_symmetric && static_cast<std::size_t>(row.size_bytes) <= symmetric_max ? "nccl-symmetric"
+                                                                                              : "nccl";
       row.error = failure;
       // Per iteration the slowest rank; then median, p99, min, max over the iterations.
       std::vector<double> per_iteration;

@@ -46,6 +46,9 @@ topology options:
                          option it overrides what discovery found)
 choice:
   --backend NAME         auto, trtllm, mnnvl or nccl (default: $FIAR_ALLREDUCE_BACKEND, else auto)
+output:
+  --strategy-table       print the built-in strategy table (every architecture, interconnect and world-size
+                         key) as JSON and exit
   -h, --help             this text
   --version              fiar-check's version
 
@@ -84,6 +87,7 @@ struct Options {
   std::optional<bool> multicast, fabric, peer_access;
   std::optional<fiar::Interconnect> interconnect;
   std::optional<std::string> backend;
+  bool strategy_table = false;
 
   [[nodiscard]] bool describes_topology() const {
     return nodes || gpus_per_node || world_size || rank || arch || multicast || fabric || peer_access;
@@ -109,6 +113,61 @@ void add_options(fiar_cli::CommandLine& cli, Options& o) {
   cli.option("--interconnect",
              [&o](const std::string& flag, const std::string& v) { o.interconnect = parse_interconnect(flag, v); });
   cli.option("--backend", [&o](const std::string&, const std::string& v) { o.backend = v; });
+  cli.flag("--strategy-table", o.strategy_table);
+}
+
+// "512 KiB", "32 MiB", "never".
+std::string bytes_text(std::size_t b) {
+  if (b == fiar::never) return "never";
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (u < 3 && b >= 1024 && b % 1024 == 0) {
+    b /= 1024;
+    ++u;
+  }
+  return std::to_string(b) + " " + units[u];
+}
+
+std::string json_bytes(std::size_t b) { return b == fiar::never ? "null" : std::to_string(b); }
+
+// The built-in table at the keys scripts/model --table derives (tested against it: test/tools/check_table.py).
+void print_strategy_table() {
+  std::printf("[");
+  const char* sep = "";
+  for (int arch : {90, 100}) {
+    for (fiar::Interconnect i : {fiar::Interconnect::NvLink, fiar::Interconnect::Pcie}) {
+      for (int world : {2, 4, 8, 16}) {
+        const fiar::StrategyThresholds t = fiar::default_strategy_thresholds(fiar::Backend::Mnnvl, arch, world, i);
+        const fiar::StrategyThresholds tr = fiar::default_strategy_thresholds(fiar::Backend::Trtllm, arch, world, i);
+        std::printf(
+            "%s\n  {\"arch\": %d, \"interconnect\": \"%s\", \"world\": %d, \"trtllm_oneshot_max_bytes\": %zu, "
+            "\"mnnvl_oneshot_max_bytes\": %zu, \"multimem_min_bytes\": %s, \"nccl_min_bytes\": %s, "
+            "\"nccl_symmetric_max_bytes\": %zu}",
+            sep, arch, std::string(fiar::to_string(i)).c_str(), world, tr.oneshot_max_bytes, t.oneshot_max_bytes,
+            json_bytes(t.multimem_min_bytes).c_str(), json_bytes(t.nccl_min_bytes).c_str(), t.nccl_symmetric_max_bytes);
+        sep = ",";
+      }
+    }
+  }
+  std::printf("\n]\n");
+}
+
+// The chosen backend's row of the strategy table for this topology: where Strategy::Auto changes path.
+std::string strategy_row_text(fiar::Backend b, const fiar::Topology& t) {
+  const fiar::StrategyThresholds r = fiar::strategy_thresholds(b, t, fiar::WorkspaceConfig{});
+  if (b == fiar::Backend::Nccl) {
+    return "ncclAllReduce for every size; on GPUs through the symmetric window up to " +
+           bytes_text(r.nccl_symmetric_max_bytes) + " per rank";
+  }
+  std::string text = "one-shot up to " + bytes_text(r.oneshot_max_bytes) + " per rank, two-shot beyond";
+  if (b == fiar::Backend::Mnnvl) {
+    text += r.multimem_min_bytes == fiar::never ? "; multimem off (WorkspaceConfig::multimem_min_bytes turns it on)"
+                                                : "; multimem from " + bytes_text(r.multimem_min_bytes);
+  }
+  text += r.nccl_min_bytes == fiar::never
+              ? "; no NCCL step"
+              : "; NCCL inside the workspace from " + bytes_text(r.nccl_min_bytes) + " (when max_token_num reaches it)";
+  return text;
 }
 
 fiar::Topology described_topology(const Options& o) {
@@ -211,6 +270,10 @@ int main(int argc, char** argv) {
     if (opt.describes_topology()) report.topology = described_topology(opt);
   });
   if (status) return *status;
+  if (opt.strategy_table) {
+    print_strategy_table();
+    return kExitValid;
+  }
 
   if (!opt.describes_topology()) {
     try {
@@ -259,6 +322,7 @@ int main(int argc, char** argv) {
     const fiar::Resolution res = fiar::resolve_backend(requested, t);
     std::printf("choice: %s\n  why: %s\n", std::string(fiar::to_string(res.backend)).c_str(),
                 why_chosen(requested, res, t).c_str());
+    std::printf("  strategy table: %s\n", strategy_row_text(res.backend, t).c_str());
     if (const std::string cost = fiar::expected_cost(res.backend, t); !cost.empty()) {
       std::printf("  warning: %s\n", cost.c_str());
     }

@@ -51,7 +51,8 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
   --tokens N                tokens per call (default 16)
   --hidden N                hidden size (default 4096)
   --iterations N            calls per rank (default 10)
-  --strategy auto|oneshot|twoshot|multimem   (default auto; multimem: the in-switch reduction, mnnvl only)
+  --strategy auto|oneshot|twoshot|multimem|nccl   (default auto; multimem: the in-switch reduction, mnnvl only;
+                            nccl: ncclAllReduce inside the workspace, its NCCL route)
   --pattern NAME            allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic
                             or residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+) (default allreduce)
   -h, --help                this text
@@ -120,6 +121,8 @@ fiar::WorkspaceConfig demo_config(const Options& o) {
   cfg.max_token_num = o.tokens;
   cfg.hidden_dim = o.hidden;
   cfg.oneshot_at_max_tokens = o.strategy == fiar::Strategy::OneShot;
+  // --strategy nccl on trtllm / mnnvl: the workspace's NCCL route, from the first byte.
+  if (o.strategy == fiar::Strategy::Nccl) cfg.nccl_min_bytes = 0;
   return cfg;
 }
 

@@ -79,10 +79,11 @@ inline fiar::Pattern parse_pattern(std::string_view flag, const std::string& val
 
 /// The strategy named `value`: auto, oneshot, twoshot or multimem (mnnvl's in-switch reduction).
 inline fiar::Strategy parse_strategy(std::string_view flag, std::string_view value) {
-  const std::string s = parse_choice(flag, value, "auto", "oneshot", "twoshot", "multimem");
+  const std::string s = parse_choice(flag, value, "auto", "oneshot", "twoshot", "multimem", "nccl");
   return s == "oneshot"    ? fiar::Strategy::OneShot
          : s == "twoshot"  ? fiar::Strategy::TwoShot
          : s == "multimem" ? fiar::Strategy::Multimem
+         : s == "nccl"     ? fiar::Strategy::Nccl
                            : fiar::Strategy::Auto;
 }
 

@@ -35,6 +35,8 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
         cfg.max_token_num = s.tokens;
         cfg.hidden_dim = s.hidden;
         cfg.oneshot_at_max_tokens = true;
+        // Strategy::Nccl on trtllm / mnnvl: the NCCL route, set up because the (only) call reaches its threshold.
+        if (strategy == Strategy::Nccl) cfg.nccl_min_bytes = count * sizeof(T);
         fiar::Workspace<Policy, T, fiar::HostPlatform> ws(
             boot, topo_of(s.world, r, arch), cfg, fiar::HostPlatformOptions{.blocks = 2, .lanes = 8, .cluster = 2});
         Outputs<T>& o = result[static_cast<std::size_t>(r)];

@@ -25,6 +25,7 @@
 
 using namespace std::chrono_literals;
 using fiar::Pattern;
+using fiar::Strategy;
 using fiar_test::as_float;
 using fiar_test::bits;
 using fiar_test::DeviceBuffer;
@@ -264,4 +265,61 @@ TEST_CASE("nccl: an adopted communicator, NcclBootstrap as the bootstrap, and ca
     for (std::size_t i = 0; i < count; ++i) wrong += bits(eager0[i]) != bits(expect[i]);
     CHECK(wrong == 0);
   }
+}
+
+TEST_CASE(
+    "nccl route: ranks sharing one GPU go without the table's route (two-shot instead), and an explicit route "
+    "fails the creation on every rank",
+    "[gpu][nccl]") {
+  // NCCL refuses two ranks of one communicator on one GPU, on every rank alike.
+  const std::vector<int> devices = fiar_test::ranks_on_gpu(8);
+  const int hidden = 8192;
+  const int tokens = 2048;  // 2048 x 8192 bf16 = 32 MiB per rank: the table's NCCL step at 8 ranks on sm_90 / sm_100
+  struct Seen {
+    bool route = true;
+    std::string reason;
+    Strategy ran = Strategy::Auto;
+    float first = 0, last = 0;
+  };
+  const auto seen = fiar_test::on_ranks(devices, [&](int r, fiar::InProcessBootstrap& boot) {
+    Seen mine;
+    const fiar::Topology topo = fiar::discover_topology(boot);
+    const fiar::WorkspaceConfig cfg{.max_token_num = tokens, .hidden_dim = hidden, .timeout = 60s};
+    fiar_test::GpuWorkspace<fiar::TrtllmPolicy, __nv_bfloat16> ws(boot, topo, cfg);
+    mine.route = ws.has_nccl_route();
+    mine.reason = ws.nccl_route_reason();
+    const std::size_t count = static_cast<std::size_t>(tokens) * hidden;
+    const std::vector<__nv_bfloat16> host(count, from_float<__nv_bfloat16>(static_cast<float>(r + 1)));
+    DeviceBuffer<__nv_bfloat16> in(count), out(count);
+    GPU_CHECK(cudaMemcpy(in.p, host.data(), count * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    fiar_test::finish_together(boot, [&] {
+      Stream stream;
+      ws.allreduce(in.p, out.p, tokens, stream.s);
+      GPU_CHECK(cudaStreamSynchronize(stream.s));
+      ws.check();
+    });
+    mine.ran = ws.last_strategy();
+    std::vector<__nv_bfloat16> got;
+    fiar_test::download(got, out.p, count);
+    mine.first = as_float(got.front());
+    mine.last = as_float(got.back());
+    return mine;
+  });
+  for (std::size_t r = 0; r < seen.size(); ++r) {
+    CAPTURE(r, seen[r].reason);
+    CHECK_FALSE(seen[r].route);
+    CHECK_THAT(seen[r].reason, Catch::Contains("setting it up failed"));
+    CHECK(seen[r].ran == Strategy::TwoShot);
+    CHECK(seen[r].first == 36.0f);  // 1 + 2 + ... + 8
+    CHECK(seen[r].last == 36.0f);
+  }
+  // Asked for explicitly, the same failure fails the creation, on every rank, without waiting for the timeout.
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = fiar_test::run_ranks_on(fiar_test::ranks_on_gpu(2), [&](int, fiar::InProcessBootstrap& boot) {
+    const fiar::Topology topo = fiar::discover_topology(boot);
+    const fiar::WorkspaceConfig cfg{.max_token_num = 4, .hidden_dim = 1024, .timeout = 60s, .nccl_min_bytes = 0};
+    fiar_test::GpuWorkspace<fiar::TrtllmPolicy, __nv_bfloat16> ws(boot, topo, cfg);
+  });
+  for (const std::string& e : errors) CHECK_FALSE(e.empty());
+  CHECK(std::chrono::steady_clock::now() - start < 50s);
 }

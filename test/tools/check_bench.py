@@ -71,6 +71,15 @@ with tempfile.TemporaryDirectory() as tmp:
     if len(multimem) != 3 or any(r["ran"] != "multimem" or r["wrong"] != 0 for r in multimem):
         failures.append(f"mnnvl multimem rows: {multimem}")
 
+    # trtllm's NCCL route: forced rows and auto from --nccl-min-bytes (4 tokens x 64 bf16 = 512 bytes), checked.
+    run(["--platform", "host", "--world-size", "3", "--backend", "trtllm", "--strategy", "nccl,auto", "--tokens",
+         "1,4", "--hidden", "64", "--nccl-min-bytes", "512", "-n", "2", "-w", "0", "--json", js], 0)
+    rows = json.load(open(js))
+    ran = {(r["strategy"], r["tokens"]): r["ran"] for r in rows}
+    if ran != {("nccl", 1): "nccl", ("nccl", 4): "nccl", ("auto", 1): "oneshot", ("auto", 4): "nccl"} or \
+            any(r["wrong"] != 0 for r in rows):
+        failures.append(f"trtllm NCCL route rows: {rows}")
+
     # --plan: no GPU needed; the decode-size call is spread over a cluster of 8 blocks.
     pj = os.path.join(tmp, "plan.json")
     run(["--plan", "--world-size", "8", "--tokens", "1,64,4096", "--hidden", "8192", "--sms", "132",
@@ -82,10 +91,22 @@ with tempfile.TemporaryDirectory() as tmp:
         if r["backend"] == "trtllm":
             if r["tokens"] == 1 and (r["blocks"] < 8 or r["cluster"] != 8 or r["threads"] != 128):
                 failures.append(f"1 token x 8192 at W = 8 is not spread over 8 blocks: {r}")
-            if r["blocks"] > 132 or r["blocks"] % r["cluster"] != 0 or r["threads"] % 32 != 0:
+            routed = r["ran"] == "nccl"
+            if routed and r["pattern"] == "allreduce":
+                if r["blocks"] != 0 or r["kernel"] != "ncclAllReduce only":
+                    failures.append(f"a plain all-reduce handed to NCCL launches no fiar kernel: {r}")
+            elif r["blocks"] > 132 or r["blocks"] % r["cluster"] != 0 or r["threads"] % 32 != 0:
                 failures.append(f"plan shape out of bounds: {r}")
-            if r["strategy"] == "auto" and r["tokens"] == 4096 and r["ran"] != "twoshot":
-                failures.append(f"auto at 64 MiB per rank is not two-shot: {r}")
+            # The strategy table at W = 8 on sm_90: two-shot at 1 MiB, NCCL inside the workspace from 32 MiB.
+            want = {1: "oneshot", 64: "twoshot", 4096: "nccl"}[r["tokens"]]
+            if r["strategy"] == "auto" and r["ran"] != want:
+                failures.append(f"auto at {r['tokens']} tokens x 8192 ran {r['ran']}, not {want}: {r}")
+    # Without the route, the largest size stays on two-shot.
+    run(["--plan", "--world-size", "8", "--tokens", "4096", "--hidden", "8192", "--strategy", "auto",
+         "--nccl-min-bytes", "never", "--backend", "trtllm", "--json", pj], 0)
+    plan = json.load(open(pj))
+    if len(plan) != 1 or plan[0]["ran"] != "twoshot":
+        failures.append(f"--nccl-min-bytes never: {plan}")
 
 for args in (["--bogus", "1"], ["--tokens", "0"], ["--strategy", "threeshot"], ["-b", "1K"]):
     run(args, 2)

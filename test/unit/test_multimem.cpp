@@ -27,8 +27,8 @@ using fiar_test::Shape;
 TEST_CASE("multimem: the strategy's name, and its place in the enumeration", "[multimem]") {
   CHECK(fiar::to_string(Strategy::Multimem) == "multimem");
   CHECK(fiar::is_valid(Strategy::Multimem));
-  CHECK_FALSE(fiar::is_valid(static_cast<Strategy>(4)));
-  CHECK_THROWS_WITH(fiar::check_strategy(static_cast<Strategy>(4)), Catch::Contains("multimem"));
+  CHECK_FALSE(fiar::is_valid(static_cast<Strategy>(5)));
+  CHECK_THROWS_WITH(fiar::check_strategy(static_cast<Strategy>(5)), Catch::Contains("multimem"));
 }
 
 TEMPLATE_TEST_CASE("multimem: every fused pattern matches the reference, world sizes 2 to 8", "[multimem]", float,

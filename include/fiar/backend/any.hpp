@@ -96,6 +96,17 @@ class AnyWorkspace {
   [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s = Strategy::Auto) const {
     return visit([&](const auto& ws) { return ws.is_buffer_size_sufficient(num_tokens, s); });
   }
+  /// The strategy table's row the workspace resolved (Workspace::strategy_thresholds).
+  [[nodiscard]] const StrategyThresholds& strategy_thresholds() const {
+    return visit([](const auto& ws) -> const StrategyThresholds& { return ws.strategy_thresholds(); });
+  }
+  /// Whether Strategy::Nccl can run (Workspace::has_nccl_route), and why not.
+  [[nodiscard]] bool has_nccl_route() const {
+    return visit([](const auto& ws) { return ws.has_nccl_route(); });
+  }
+  [[nodiscard]] const std::string& nccl_route_reason() const {
+    return visit([](const auto& ws) -> const std::string& { return ws.nccl_route_reason(); });
+  }
 
   void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr,
                  Strategy strategy = Strategy::Auto) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // fiar/backend/lamport.hpp — what the trtllm and mnnvl workspaces share: sizing, the strategy choice, the allocation
-// of the Lamport region and the launch of the Lamport operations (algo/lamport.hpp).
+// of the Lamport region, the launch of the Lamport operations (algo/lamport.hpp) and the NCCL route (large calls
+// handed to a nccl workspace of the same group, Strategy::Nccl).
 // Contract: a kernel that waited past the deadline makes this and every later call throw fiar::timeout_error until
 // the workspace is recreated. The backends differ only in how the region is mapped (peer mappings, or a multicast
 // object as well) and in their operations (TrtllmOneShot ... MnnvlTwoShot), which Policy and the backend file choose.
@@ -13,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -25,12 +27,14 @@
 #include "../core/borrowed.hpp"
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
+#include "../core/log.hpp"
 #include "../core/pattern.hpp"
 #include "../core/prelude.hpp"
 #include "../core/strategy.hpp"
 #include "../core/text.hpp"
 #include "../core/topology.hpp"
 #include "../exec/vec.hpp"
+#include "nccl.hpp"
 #include "validate.hpp"
 #include "workspace.hpp"
 
@@ -49,8 +53,7 @@ class LamportWorkspace {
   /// Words of one Lamport buffer for this configuration (one of three; a call uses one).
   static std::size_t buffer_words(int world_size, int arch, const WorkspaceConfig& cfg) {
     const int vecs = vecs_per_token(cfg.hidden_dim);
-    const std::size_t threshold =
-        cfg.oneshot_max_bytes.value_or(default_oneshot_max_bytes(Policy::backend, arch, world_size));
+    const std::size_t threshold = thresholds(Topology{.world_size = world_size, .arch = arch}, cfg).oneshot_max_bytes;
     const std::size_t row_bytes = static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T);
     // Auto runs one-shot up to the threshold and whenever tokens < world size (choose_strategy).
     const std::size_t auto_oneshot_tokens = std::max<std::size_t>(threshold / row_bytes, world_size - 1);
@@ -70,6 +73,13 @@ class LamportWorkspace {
 
   static std::string config_error(const Topology& topo, const WorkspaceConfig& cfg) {
     if (std::string e = common_config_error<T>(cfg); !e.empty()) return e;
+    if (cfg.nccl_min_bytes && route_reached(topo, cfg)) {
+      if (std::string e = route_creation_error(); !e.empty()) {
+        return "fiar: WorkspaceConfig::nccl_min_bytes = " + std::to_string(*cfg.nccl_min_bytes) + " asks the " +
+               std::string(kName) + " workspace for its NCCL route, but " + without_fiar_prefix(e) +
+               " Or leave nccl_min_bytes unset (or fiar::never): the calls then stay on fiar's kernels.";
+      }
+    }
     const std::size_t words = buffer_words(topo.world_size, topo.arch, cfg);
     if (words > std::numeric_limits<std::uint32_t>::max()) {
       return "fiar: the " + std::string(kName) + " workspace for max_token_num " + std::to_string(cfg.max_token_num) +
@@ -82,14 +92,14 @@ class LamportWorkspace {
   }
 
   static CreationExtras creation_extras(const Topology& topo, const WorkspaceConfig& cfg) {
-    return CreationExtras{buffer_words(topo.world_size, topo.arch, cfg), threshold(topo, cfg), true};
+    return CreationExtras{buffer_words(topo.world_size, topo.arch, cfg), thresholds(topo, cfg), true};
   }
 
   /// Allocates and fills the region once every rank agreed on `agreed` (Workspace's constructor).
   template <Bootstrap B>
   LamportWorkspace(const CreationExtras& agreed, B& boot, const Topology& topo, const WorkspaceConfig& cfg,
                    const typename Pf::Options& options)
-      : platform_(options), topo_(topo), cfg_(cfg), buffer_words_(agreed.buffer_words) {
+      : platform_(options), topo_(topo), cfg_(cfg), thresholds_(agreed.thresholds), buffer_words_(agreed.buffer_words) {
     const std::size_t lamport_words = algo::kLamportBuffers * buffer_words_;
     const std::size_t region_words = lamport_words + kCounterWords;
     if constexpr (kMulticast) {
@@ -111,24 +121,22 @@ class LamportWorkspace {
     }
     platform_.synchronize();
     boot.barrier();  // no rank pushes into a buffer before its owner has filled it with sentinels
+    create_route(agreed, boot, options);
   }
 
   [[nodiscard]] const Topology& topology() const { return topo_; }
   [[nodiscard]] const WorkspaceConfig& config() const { return cfg_; }
   [[nodiscard]] Pf& platform() { return platform_; }
   [[nodiscard]] int arch() const { return platform_.arch() != 0 ? platform_.arch() : topo_.arch; }
-  [[nodiscard]] std::size_t oneshot_threshold() const { return threshold(topo_, cfg_); }
+  [[nodiscard]] std::size_t oneshot_threshold() const { return thresholds_.oneshot_max_bytes; }
+  [[nodiscard]] const StrategyThresholds& strategy_thresholds() const { return thresholds_; }
+  [[nodiscard]] bool has_nccl_route() const { return route_.has_value(); }
+  [[nodiscard]] const std::string& nccl_route_reason() const { return route_reason_; }
   [[nodiscard]] Strategy last_strategy() const { return last_strategy_; }
 
   [[nodiscard]] Strategy strategy_for(int num_tokens) const {
-    const std::size_t bytes =
-        static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cfg_.hidden_dim) * sizeof(T);
-    if constexpr (kMulticast) {
-      if (cfg_.multimem_min_bytes && topo_.world_size > 1 && bytes >= *cfg_.multimem_min_bytes) {
-        return Strategy::Multimem;
-      }
-    }
-    return choose_strategy(topo_.world_size, num_tokens, bytes, oneshot_threshold());
+    return choose_strategy(thresholds_, topo_.world_size, num_tokens, message_bytes(cfg_, num_tokens), kMulticast,
+                           route_.has_value());
   }
 
   /// Whether one call of num_tokens tokens with that strategy fits: one of the three Lamport buffers backs a call,
@@ -137,6 +145,7 @@ class LamportWorkspace {
     if (num_tokens < 1 || num_tokens > cfg_.max_token_num || !is_valid(s)) return false;
     if (s == Strategy::Multimem && !kMulticast) return false;
     if (s == Strategy::Auto) s = strategy_for(num_tokens);
+    if (s == Strategy::Nccl) return route_.has_value();  // the route's buffers hold max_token_num
     return words_for(s, num_tokens) <= data_words();
   }
 
@@ -147,6 +156,13 @@ class LamportWorkspace {
              "Strategy::Auto, OneShot or TwoShot on " +
              std::string(kName) + ", or the mnnvl backend.";
     }
+    if (s == Strategy::Nccl && !route_) {
+      return "strategy nccl needs the workspace's NCCL route, and this " + std::string(kName) +
+             " workspace has none: " + route_reason_ +
+             ". Fix: use Strategy::Auto, or create the workspace with WorkspaceConfig::nccl_min_bytes at most the "
+             "bytes of its largest call (max_token_num x hidden_dim x sizeof(T) = " +
+             std::to_string(message_bytes(cfg_, cfg_.max_token_num)) + ").";
+    }
     if (s == Strategy::Auto || is_buffer_size_sufficient(num_tokens, s)) return "";
     return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) + " needs " +
            std::to_string(words_for(s, num_tokens) * 4) + " bytes per Lamport buffer; this workspace has " +
@@ -154,12 +170,20 @@ class LamportWorkspace {
            ". Fix: use Strategy::Auto, or create the workspace with oneshot_at_max_tokens.";
   }
 
-  void begin_call(cudaStream_t) { check(); }
+  void begin_call(cudaStream_t) { check_lamport(); }
 
   /// Launches the call (validated by Workspace::run).
   template <Pattern P>
   void launch(const FusedArgs<T>& a, cudaStream_t stream, Strategy strategy) {
     const Strategy s = strategy == Strategy::Auto ? strategy_for(a.num_tokens) : strategy;
+    if (s == Strategy::Nccl) {
+      // The route's own checks and digests (strategy_error refused Nccl without a route). The Lamport buffers are
+      // untouched: every rank skips them alike, so the next Lamport call finds them as the last one left them.
+      route_->begin_call(stream);
+      route_->template launch<P>(a, stream, Strategy::Auto);
+      last_strategy_ = s;
+      return;
+    }
     algo::LamportParams<T> p{};
     p.in = a.in;
     p.out = a.out;
@@ -195,8 +219,17 @@ class LamportWorkspace {
 
   /// Throws fiar::mismatch_error if a call of this workspace saw a peer's call digest differ from its own, and
   /// fiar::timeout_error if a kernel gave up waiting (then every later call throws too: the protocol state is lost;
-  /// recreate the workspace on every rank).
+  /// recreate the workspace on every rank); the NCCL route's failures likewise.
   void check() const {
+    check_lamport();
+    if (route_) route_->check();
+  }
+
+ private:
+  using Route = NcclWorkspace<T, Pf>;
+
+  // The Lamport side of check().
+  void check_lamport() const {
     if (!error_) throw std::logic_error(moved_from_text("workspace"));
     const std::uint32_t code = Pf::read_word(&error_->code);
     if (code == algo::kErrorNone) return;
@@ -226,15 +259,67 @@ class LamportWorkspace {
     throw timeout_error(call_timeout_text(kName, topo_.rank, cfg_.timeout, waited, Pf::read_word(&error_->call)));
   }
 
- private:
   // The multimem barrier counters after the Lamport buffers (mnnvl only).
   static constexpr std::size_t kCounterWords = kMulticast ? algo::kMultimemCounters : 0;
 
   static int vecs_per_token(int hidden_dim) {
     return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16);
   }
-  static std::size_t threshold(const Topology& topo, const WorkspaceConfig& cfg) {
-    return cfg.oneshot_max_bytes.value_or(default_oneshot_max_bytes(Policy::backend, topo.arch, topo.world_size));
+  static StrategyThresholds thresholds(const Topology& topo, const WorkspaceConfig& cfg) {
+    return fiar::strategy_thresholds(Policy::backend, topo, cfg);
+  }
+  static std::size_t message_bytes(const WorkspaceConfig& cfg, int num_tokens) {
+    return static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T);
+  }
+  // Why the route cannot exist in this build ("" when it can; the host emulator's always can).
+  static std::string route_creation_error() {
+    if constexpr (requires { Route::creation_error(); }) {
+      return Route::creation_error();
+    } else {
+      return "";
+    }
+  }
+  // Whether a call of max_token_num tokens reaches the route's threshold (only then is the route set up).
+  static bool route_reached(const Topology& topo, const WorkspaceConfig& cfg) {
+    return topo.world_size > 1 && thresholds(topo, cfg).nccl_min_bytes <= message_bytes(cfg, cfg.max_token_num);
+  }
+
+  // Collective (after the Lamport region): the NCCL route when the largest call reaches its threshold. A route the
+  // caller asked for (nccl_min_bytes given) that cannot be set up fails the creation on every rank; the table's own
+  // is left out with one warning, and those calls take the Lamport strategies. A timeout (a rank missing) always
+  // fails the creation.
+  template <Bootstrap B>
+  void create_route(const CreationExtras& agreed, B& boot, const typename Pf::Options& options) {
+    const std::size_t from = thresholds_.nccl_min_bytes;
+    if (!route_reached(topo_, cfg_)) {
+      route_reason_ = topo_.world_size == 1 ? std::string("a single rank has nothing to reduce")
+                      : from == never
+                          ? std::string("the strategy table has no NCCL step for this group (nccl_min_bytes never)")
+                          : "no call reaches nccl_min_bytes = " + std::to_string(from) + " (the largest, " +
+                                std::to_string(cfg_.max_token_num) + " tokens, has " +
+                                std::to_string(message_bytes(cfg_, cfg_.max_token_num)) + " bytes)";
+      return;
+    }
+    std::string failure = without_fiar_prefix(route_creation_error());
+    if (failure.empty()) {
+      try {
+        route_.emplace(agreed, boot, topo_, cfg_, options);
+        return;
+      } catch (const timeout_error&) {
+        throw;
+      } catch (const std::exception& e) {
+        if (cfg_.nccl_min_bytes) throw;
+        failure = without_fiar_prefix(e.what());
+      }
+    }
+    route_reason_ = "setting it up failed: " + failure;
+    if (topo_.rank == 0) {
+      log(LogLevel::Warning, "rank 0: the " + std::string(kName) + " workspace's NCCL route (calls from " +
+                                 std::to_string(from) +
+                                 " bytes per rank) is off, those calls stay on fiar's kernels: " + route_reason_ +
+                                 " Fix: that failure, or WorkspaceConfig::nccl_min_bytes = fiar::never to go "
+                                 "without the route.");
+    }
   }
   // Words of one buffer for data, after its header of call digests.
   std::size_t data_words() const { return buffer_words_ - algo::header_words(topo_.world_size); }
@@ -249,6 +334,7 @@ class LamportWorkspace {
   Pf platform_;
   Topology topo_;
   WorkspaceConfig cfg_;
+  StrategyThresholds thresholds_;
   std::size_t buffer_words_ = 0;
   std::vector<std::uint32_t*> buffers_;
   exec::MulticastView multicast_{};
@@ -256,6 +342,8 @@ class LamportWorkspace {
   Borrowed<algo::ErrorRecord> error_;    ///< null once moved from
   Borrowed<std::uint32_t> generations_;  ///< mnnvl: each multimem barrier counter's value after its last call
   Strategy last_strategy_ = Strategy::Auto;
+  std::optional<Route> route_;  ///< the NCCL route (Strategy::Nccl); destroyed before the Lamport region
+  std::string route_reason_;    ///< why there is no route ("" when there is one)
 };
 
 }  // namespace detail

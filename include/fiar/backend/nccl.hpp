@@ -69,24 +69,32 @@ class NcclWorkspaceBase {
   [[nodiscard]] const WorkspaceConfig& config() const { return cfg_; }
   [[nodiscard]] Pf& platform() { return platform_; }
   [[nodiscard]] int arch() const { return platform_.arch() != 0 ? platform_.arch() : topo_.arch; }
+  [[nodiscard]] const StrategyThresholds& strategy_thresholds() const { return thresholds_; }
+  /// The nccl backend is NCCL: Strategy::Nccl always runs.
+  [[nodiscard]] bool has_nccl_route() const { return true; }
+  [[nodiscard]] const std::string& nccl_route_reason() const { return no_reason_; }
+  static CreationExtras extras_of(const Topology& topo, const WorkspaceConfig& cfg, std::size_t buffer_words) {
+    return CreationExtras{buffer_words, fiar::strategy_thresholds(Backend::Nccl, topo, cfg), false};
+  }
 
   /// Always Strategy::Auto: the nccl backend has no one-shot / two-shot choice of its own (NCCL picks its algorithm,
   /// ring, tree or NVLS, inside ncclAllReduce). An explicit strategy is rejected by every call.
   [[nodiscard]] Strategy strategy_for(int) const { return Strategy::Auto; }
   [[nodiscard]] Strategy last_strategy() const { return last_strategy_; }
   [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s) const {
-    return num_tokens >= 1 && num_tokens <= cfg_.max_token_num && s == Strategy::Auto;
+    return num_tokens >= 1 && num_tokens <= cfg_.max_token_num && (s == Strategy::Auto || s == Strategy::Nccl);
   }
   [[nodiscard]] std::string strategy_error(int, Strategy s) const {
-    if (s == Strategy::Auto) return "";
+    if (s == Strategy::Auto || s == Strategy::Nccl) return "";
     return "strategy " + std::string(to_string(s)) +
            "; the nccl backend has no one-shot / two-shot choice (NCCL picks its own algorithm). Fix: pass "
-           "Strategy::Auto.";
+           "Strategy::Auto (or Nccl).";
   }
 
  protected:
-  NcclWorkspaceBase(const typename Pf::Options& options, const Topology& topo, const WorkspaceConfig& cfg)
-      : platform_(options), topo_(topo), cfg_(cfg) {}
+  NcclWorkspaceBase(const typename Pf::Options& options, const Topology& topo, const WorkspaceConfig& cfg,
+                    const CreationExtras& agreed)
+      : platform_(options), topo_(topo), cfg_(cfg), thresholds_(agreed.thresholds) {}
 
   static int vecs_per_token(int hidden_dim) {
     return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16);
@@ -107,7 +115,9 @@ class NcclWorkspaceBase {
   Pf platform_;
   Topology topo_;
   WorkspaceConfig cfg_;
+  StrategyThresholds thresholds_;  ///< as agreed at creation (the nccl row, or the route's Lamport workspace's)
   Strategy last_strategy_ = Strategy::Auto;
+  std::string no_reason_;
 };
 
 template <ReduceType T, class Pf>
@@ -132,13 +142,13 @@ class NcclWorkspace<T, HostPlatform> : public NcclWorkspaceBase<T, HostPlatform>
     return block_bytes(topo.world_size, cfg) + Base::activation_bytes(cfg);
   }
   static CreationExtras creation_extras(const Topology& topo, const WorkspaceConfig& cfg) {
-    return CreationExtras{block_bytes(topo.world_size, cfg) / 4, 0, false};
+    return Base::extras_of(topo, cfg, block_bytes(topo.world_size, cfg) / 4);
   }
 
   template <Bootstrap B>
-  NcclWorkspace(const CreationExtras&, B& boot, const Topology& topo, const WorkspaceConfig& cfg,
+  NcclWorkspace(const CreationExtras& agreed, B& boot, const Topology& topo, const WorkspaceConfig& cfg,
                 const HostPlatformOptions& options)
-      : Base(options, topo, cfg) {
+      : Base(options, topo, cfg, agreed) {
     // Zero-filled, and handed out with a barrier: every arrival word starts at 0 on every rank.
     blocks_ = this->platform_.allocate_shared(boot, block_bytes(topo.world_size, cfg));
     sum_ = Borrowed(static_cast<T*>(this->platform_.allocate_local(Base::activation_bytes(cfg), "the sum buffer")));
@@ -280,8 +290,8 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
   /// Device bytes fiar allocates per rank: the [max_token_num, hidden_dim] sum buffer of the fused patterns (NCCL's
   /// own buffers come on top; see NCCL_BUFFSIZE).
   static std::size_t required_bytes(const Topology&, const WorkspaceConfig& cfg) { return Base::activation_bytes(cfg); }
-  static CreationExtras creation_extras(const Topology&, const WorkspaceConfig& cfg) {
-    return CreationExtras{Base::activation_bytes(cfg) / 4, 0, false};
+  static CreationExtras creation_extras(const Topology& topo, const WorkspaceConfig& cfg) {
+    return Base::extras_of(topo, cfg, Base::activation_bytes(cfg) / 4);
   }
   static std::string creation_error() {
     return built_with_nccl
@@ -297,15 +307,15 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
   }
 
   template <Bootstrap B>
-  NcclWorkspace(const CreationExtras&, B& boot, const Topology& topo, const WorkspaceConfig& cfg,
+  NcclWorkspace(const CreationExtras& agreed, B& boot, const Topology& topo, const WorkspaceConfig& cfg,
                 const CudaPlatformOptions& options)
-      : Base(options, topo, cfg) {
+      : Base(options, topo, cfg, agreed) {
     create(boot, nullptr, false);
   }
   template <Bootstrap B>
-  NcclWorkspace(const CreationExtras&, B& boot, NcclComm comm, const Topology& topo, const WorkspaceConfig& cfg,
+  NcclWorkspace(const CreationExtras& agreed, B& boot, NcclComm comm, const Topology& topo, const WorkspaceConfig& cfg,
                 const CudaPlatformOptions& options)
-      : Base(options, topo, cfg) {
+      : Base(options, topo, cfg, agreed) {
     create(boot, comm, true);
   }
 
@@ -327,10 +337,12 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
   void launch(const FusedArgs<T>& a, cudaStream_t stream, Strategy) {
 #if FIAR_HAS_NCCL
     const std::size_t count = static_cast<std::size_t>(a.num_tokens) * static_cast<std::size_t>(this->cfg_.hidden_dim);
-    // Symmetric: the input is copied into the registered window, reduced there in place by NCCL's symmetric kernel,
-    // and read from there (a copy into out, or the epilogue). Classic: NCCL reads in and writes out (or the sum
-    // buffer).
-    T* window = symmetric_ ? static_cast<T*>(window_.get()) : nullptr;
+    // Symmetric (up to nccl_symmetric_max_bytes): the input is copied into the registered window, reduced there in
+    // place by NCCL's symmetric kernel, and read from there (a copy into out, or the epilogue). Classic (no window,
+    // or a larger call, where the copies cost more than the symmetric kernels save): NCCL reads in and writes out (or
+    // the sum buffer).
+    const bool in_window = symmetric_ && count * sizeof(T) <= this->thresholds_.nccl_symmetric_max_bytes;
+    T* window = in_window ? static_cast<T*>(window_.get()) : nullptr;
     const T* sum = window != nullptr ? window : P == Pattern::AllReduce ? a.out : sum_.get();
     {
       DeviceGuard guard(this->platform_.device());
@@ -515,6 +527,8 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
       classic_reason_ = "the NCCL loaded at run time is " + std::to_string(version) + ", older than 2.27";
     } else if (disabled) {
       classic_reason_ = "FIAR_NCCL_SYMMETRIC=0";
+    } else if (this->thresholds_.nccl_symmetric_max_bytes == 0) {
+      classic_reason_ = "nccl_symmetric_max_bytes is 0";
     } else {
       want = 1;
     }
@@ -531,7 +545,9 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
     const StepOutcome registered = attempt([&] {
       DeviceGuard guard(this->platform_.device());
       const std::size_t align = NCCL_WIN_REQUIRED_ALIGNMENT;
-      const std::size_t bytes = (Base::activation_bytes(this->cfg_) + align - 1) / align * align;
+      // Only as large as the largest call that takes it (larger ones run in place on the caller's buffers).
+      const std::size_t used = std::min(Base::activation_bytes(this->cfg_), this->thresholds_.nccl_symmetric_max_bytes);
+      const std::size_t bytes = (used + align - 1) / align * align;
       void* p = nullptr;
       nccl_check(ncclMemAlloc(&p, bytes), "ncclMemAlloc(" + std::to_string(bytes) + " bytes) for the symmetric window",
                  "free GPU memory (nvidia-smi)");
@@ -580,8 +596,9 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
         std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
     log(LogLevel::Info,
         "nccl workspace: NCCL " + version + ", " +
-            (symmetric_ ? std::string("symmetric window registered: ncclAllReduce runs NCCL's symmetric "
-                                      "kernels")
+            (symmetric_ ? "symmetric window registered: ncclAllReduce runs NCCL's symmetric kernels for calls up to " +
+                              std::to_string(this->thresholds_.nccl_symmetric_max_bytes) +
+                              " bytes per rank, in place on the caller's buffers beyond"
                         : "classic ncclAllReduce (" + classic_reason_ + ")"));
   }
 

@@ -32,13 +32,14 @@
 FIAR_BEGIN_NAMESPACE
 
 /// Whether a workspace created with `have` can serve calls sized by `want` (same element type and backend assumed):
-/// the same hidden size, timeout, strategy threshold and call verification, at least as many tokens, and one-shot at
+/// the same hidden size, timeout, strategy thresholds and call verification, at least as many tokens, and one-shot at
 /// max_token_num if `want` asks for it.
 constexpr bool config_can_serve(const WorkspaceConfig& have, const WorkspaceConfig& want) {
   return have.hidden_dim == want.hidden_dim && have.timeout == want.timeout &&
          have.oneshot_max_bytes == want.oneshot_max_bytes && have.max_token_num >= want.max_token_num &&
          (have.oneshot_at_max_tokens || !want.oneshot_at_max_tokens) && have.verify_calls == want.verify_calls &&
-         have.multimem_min_bytes == want.multimem_min_bytes;
+         have.multimem_min_bytes == want.multimem_min_bytes && have.nccl_min_bytes == want.nccl_min_bytes &&
+         have.nccl_symmetric_max_bytes == want.nccl_symmetric_max_bytes;
 }
 
 /// The workspaces of one group (one per distinct need), for several purposes (e.g. the plain all-reduce and the

@@ -43,8 +43,8 @@
 FIAR_BEGIN_NAMESPACE
 namespace detail {
 
-/// The configuration as ranks compare it: at creation (with the backend's resolved strategy threshold, or none for
-/// a backend without strategies) and in WorkspacePool requests (the threshold as given).
+/// The configuration as ranks compare it: at creation (with the strategy thresholds the backend resolved, those it
+/// does not apply left out) and in WorkspacePool requests (the thresholds as given).
 struct ConfigDigest {
   std::uint64_t oneshot_max_bytes = 0;  ///< meaningful when threshold_given
   std::int64_t timeout_ms = 0;
@@ -55,36 +55,70 @@ struct ConfigDigest {
   std::uint32_t verify_calls = 0;
   std::uint32_t multimem_given = 0;
   std::uint64_t multimem_min_bytes = 0;  ///< meaningful when multimem_given
+  std::uint32_t nccl_given = 0;
+  std::uint32_t symmetric_given = 0;
+  std::uint64_t nccl_min_bytes = 0;            ///< meaningful when nccl_given
+  std::uint64_t nccl_symmetric_max_bytes = 0;  ///< meaningful when symmetric_given
 
   static ConfigDigest of(const WorkspaceConfig& c) {
-    return ConfigDigest{c.oneshot_max_bytes.value_or(0),
-                        static_cast<std::int64_t>(c.timeout.count()),
-                        c.max_token_num,
-                        c.hidden_dim,
-                        c.oneshot_max_bytes ? 1u : 0u,
-                        c.oneshot_at_max_tokens ? 1u : 0u,
-                        c.verify_calls ? 1u : 0u,
-                        c.multimem_min_bytes ? 1u : 0u,
-                        c.multimem_min_bytes.value_or(0)};
+    ConfigDigest d;
+    d.oneshot_max_bytes = c.oneshot_max_bytes.value_or(0);
+    d.timeout_ms = static_cast<std::int64_t>(c.timeout.count());
+    d.max_token_num = c.max_token_num;
+    d.hidden_dim = c.hidden_dim;
+    d.threshold_given = c.oneshot_max_bytes ? 1u : 0u;
+    d.oneshot_at_max_tokens = c.oneshot_at_max_tokens ? 1u : 0u;
+    d.verify_calls = c.verify_calls ? 1u : 0u;
+    d.multimem_given = c.multimem_min_bytes ? 1u : 0u;
+    d.multimem_min_bytes = c.multimem_min_bytes.value_or(0);
+    d.nccl_given = c.nccl_min_bytes ? 1u : 0u;
+    d.nccl_min_bytes = c.nccl_min_bytes.value_or(0);
+    d.symmetric_given = c.nccl_symmetric_max_bytes ? 1u : 0u;
+    d.nccl_symmetric_max_bytes = c.nccl_symmetric_max_bytes.value_or(0);
+    return d;
+  }
+  /// The thresholds a backend resolved in place of those given; `lamport`: whether it has the Lamport strategies
+  /// (and the route), else only the symmetric window's bound applies and the rest is left out of the comparison.
+  void resolve(const StrategyThresholds& t, bool lamport) {
+    symmetric_given = 1;
+    nccl_symmetric_max_bytes = t.nccl_symmetric_max_bytes;
+    if (lamport) {
+      // A step that is never taken is left out (and compared as absent): the same behaviour, the same record.
+      threshold_given = 1;
+      oneshot_max_bytes = t.oneshot_max_bytes;
+      multimem_given = t.multimem_min_bytes != never ? 1u : 0u;
+      multimem_min_bytes = multimem_given ? t.multimem_min_bytes : 0;
+      nccl_given = t.nccl_min_bytes != never ? 1u : 0u;
+      nccl_min_bytes = nccl_given ? t.nccl_min_bytes : 0;
+    } else {
+      threshold_given = multimem_given = nccl_given = oneshot_at_max_tokens = 0;
+      oneshot_max_bytes = multimem_min_bytes = nccl_min_bytes = 0;
+    }
   }
   friend bool operator==(const ConfigDigest&, const ConfigDigest&) = default;
 
   /// "max_token_num 16, hidden_dim 64, timeout 30000 ms, oneshot_max_bytes default, oneshot_at_max_tokens false,
-  /// verify_calls true".
+  /// verify_calls true" (and each other threshold that is given or resolved).
   [[nodiscard]] std::string describe() const {
+    auto bytes = [](const char* name, std::uint32_t given, std::uint64_t value) {
+      if (given == 0) return std::string();
+      return ", " + std::string(name) + " " + (value == never ? std::string("never") : std::to_string(value));
+    };
     return "max_token_num " + std::to_string(max_token_num) + ", hidden_dim " + std::to_string(hidden_dim) +
            ", timeout " + std::to_string(timeout_ms) + " ms, oneshot_max_bytes " +
            (threshold_given ? std::to_string(oneshot_max_bytes) : std::string("default")) + ", oneshot_at_max_tokens " +
            (oneshot_at_max_tokens ? "true" : "false") + ", verify_calls " + (verify_calls ? "true" : "false") +
-           (multimem_given ? ", multimem_min_bytes " + std::to_string(multimem_min_bytes) : std::string());
+           bytes("multimem_min_bytes", multimem_given, multimem_min_bytes) +
+           bytes("nccl_min_bytes", nccl_given, nccl_min_bytes) +
+           bytes("nccl_symmetric_max_bytes", symmetric_given, nccl_symmetric_max_bytes);
   }
 };
 
-/// What a backend adds to the creation digest: its strategy settings as it resolved them, and its buffer size.
+/// What a backend adds to the creation digest: its strategy thresholds as it resolved them, and its buffer size.
 struct CreationExtras {
   std::uint64_t buffer_words = 0;
-  std::uint64_t oneshot_max_bytes = 0;  ///< resolved threshold (Lamport), 0 without strategies
-  bool strategies = false;              ///< whether the strategy settings apply (and are compared)
+  StrategyThresholds thresholds{};  ///< resolved (strategy_thresholds)
+  bool strategies = false;          ///< whether the Lamport strategies (and the route) apply
 };
 
 /// What every rank exchanges at creation.
@@ -120,14 +154,9 @@ CreationExtras agree_on_creation(B& boot, const Topology& topo, const WorkspaceC
                         version_patch,
                         ConfigDigest::of(cfg),
                         mine.buffer_words};
-  if (mine.strategies) {
-    record.config.oneshot_max_bytes = mine.oneshot_max_bytes;
-    record.config.threshold_given = 1;
-  } else {  // the one-shot settings do not apply: left out, so they cannot cause a mismatch
-    record.config.oneshot_max_bytes = 0;
-    record.config.threshold_given = 0;
-    record.config.oneshot_at_max_tokens = 0;
-  }
+  // The thresholds as resolved (a backend's values, not the defaults' absence), those it does not apply left out so
+  // they cannot cause a mismatch; nothing to resolve when this rank objected (its record is not compared then).
+  if (error.empty()) record.config.resolve(mine.thresholds, mine.strategies);
   const auto all = agree(boot, outcome_of(error), record, "workspace creation failed because rank {rank} rejected it");
   for (std::size_t r = 1; r < all.size(); ++r) {
     if (!(all[r] == all[0])) {
@@ -191,6 +220,9 @@ concept WorkspaceImpl = requires(I& i, const I& ci, const Topology& topo, const 
   { ci.arch() } -> std::same_as<int>;
   { ci.strategy_for(n) } -> std::same_as<Strategy>;
   { ci.last_strategy() } -> std::same_as<Strategy>;
+  { ci.strategy_thresholds() } -> std::same_as<const StrategyThresholds&>;
+  { ci.has_nccl_route() } -> std::same_as<bool>;
+  { ci.nccl_route_reason() } -> std::same_as<const std::string&>;
   { ci.is_buffer_size_sufficient(n, s) } -> std::same_as<bool>;
   { ci.strategy_error(n, s) } -> std::same_as<std::string>;
   ci.check();
@@ -244,7 +276,8 @@ class Workspace {
   /// Collective: every rank of the group constructs its workspace with the same topology (bar rank) and
   /// configuration. Throws std::invalid_argument (on every rank alike) when the topology or configuration cannot
   /// work, before allocating anything; allocation and mapping failures on every rank alike too; fiar::timeout_error
-  /// when a rank does not arrive. nccl on CudaPlatform creates (and owns) an NCCL communicator.
+  /// when a rank does not arrive. nccl on CudaPlatform creates (and owns) an NCCL communicator, and so do trtllm and
+  /// mnnvl for their NCCL route when the largest call reaches the strategy table's nccl_min_bytes.
   template <Bootstrap B>
   Workspace(B& boot, const Topology& topo, const WorkspaceConfig& cfg, const typename Pf::Options& options = {})
       : impl_(detail::agree_on_creation<P, T>(
@@ -337,6 +370,15 @@ class Workspace {
   {
     return impl_.oneshot_threshold();
   }
+  /// The row of the strategy table this workspace resolved at creation (the same on every rank): where
+  /// Strategy::Auto changes path. The nccl backend applies only nccl_symmetric_max_bytes (its other fields are 0 or
+  /// fiar::never).
+  [[nodiscard]] const StrategyThresholds& strategy_thresholds() const { return impl_.strategy_thresholds(); }
+  /// Whether Strategy::Nccl can run: trtllm / mnnvl when creation set up the NCCL route (a call of max_token_num
+  /// tokens reaches nccl_min_bytes and the route could be set up); always on the nccl backend.
+  [[nodiscard]] bool has_nccl_route() const { return impl_.has_nccl_route(); }
+  /// Why there is no NCCL route ("" when there is one).
+  [[nodiscard]] const std::string& nccl_route_reason() const { return impl_.nccl_route_reason(); }
   /// The architecture the kernels run on: the GPU's on CudaPlatform, the topology's on the host emulator.
   [[nodiscard]] int arch() const { return impl_.arch(); }
   [[nodiscard]] const Topology& topology() const { return impl_.topology(); }

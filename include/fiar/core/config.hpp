@@ -13,6 +13,8 @@
 #include "dtype.hpp"
 #include "pattern.hpp"
 #include "prelude.hpp"
+#include "strategy.hpp"
+#include "topology.hpp"
 
 FIAR_BEGIN_NAMESPACE
 
@@ -32,11 +34,42 @@ struct WorkspaceConfig {
   /// returning wrong data. false saves the digest's exchange (fiar-bench --verify-calls 0 shows its cost).
   bool verify_calls = true;
   /// mnnvl: per-rank message bytes from which Strategy::Auto takes the in-switch reduction (Strategy::Multimem) instead
-  /// of the one-shot / two-shot table, at 2 ranks or more. Default: never (the built-in table has no multimem entry
-  /// until it is measured on NVSwitch hardware; scripts/model and fiar-bench --strategy multimem show where it pays).
+  /// of one-shot / two-shot, at 2 ranks or more. Default: the built-in table's, which is fiar::never until the kernel
+  /// is measured on NVSwitch hardware (scripts/model and fiar-bench --strategy multimem show where it pays).
   /// trtllm and nccl ignore it, so one configuration serves Backend::Auto's fallback too.
   std::optional<std::size_t> multimem_min_bytes = std::nullopt;
+  /// trtllm / mnnvl: per-rank message bytes from which Strategy::Auto hands the call to NCCL inside this workspace
+  /// (Strategy::Nccl: ncclAllReduce, then fiar's epilogue), at 2 ranks or more. Default: the built-in table's
+  /// (default_strategy_thresholds: 32 MiB at 8 ranks on sm_90, never on PCIe). When a call of max_token_num tokens
+  /// reaches it, creation also sets up the route (on GPUs an NCCL communicator, created from the bootstrap); a default
+  /// route that cannot be set up (a build without NCCL, ranks sharing a GPU) is left out with one warning, a value
+  /// given here makes creation fail instead. fiar::never: no route. The nccl backend ignores it.
+  std::optional<std::size_t> nccl_min_bytes = std::nullopt;
+  /// NCCL on GPUs (the nccl backend and the route): per-rank message bytes up to which ncclAllReduce runs in the
+  /// registered symmetric window (copy in, NCCL's symmetric kernels, copy out or the epilogue's read), beyond which it
+  /// runs in place on the caller's buffers (the copies would cost more than the symmetric kernels save). Default: the
+  /// built-in table's (16 MiB on sm_90, 32 MiB on sm_100). 0: never the window.
+  std::optional<std::size_t> nccl_symmetric_max_bytes = std::nullopt;
 };
+
+/// The row of the strategy table a workspace of `backend` resolves at creation for `topo` and `cfg`: the built-in
+/// row (default_strategy_thresholds) with every threshold `cfg` gives in its place. Depends only on values every rank
+/// of a group shares.
+constexpr StrategyThresholds strategy_thresholds(Backend backend, const Topology& topo, const WorkspaceConfig& cfg) {
+  StrategyThresholds t = default_strategy_thresholds(backend, topo.arch, topo.world_size, topo.interconnect);
+  if (cfg.oneshot_max_bytes) t.oneshot_max_bytes = *cfg.oneshot_max_bytes;
+  if (cfg.multimem_min_bytes) t.multimem_min_bytes = *cfg.multimem_min_bytes;
+  if (cfg.nccl_min_bytes) t.nccl_min_bytes = *cfg.nccl_min_bytes;
+  if (cfg.nccl_symmetric_max_bytes) t.nccl_symmetric_max_bytes = *cfg.nccl_symmetric_max_bytes;
+  if (backend == Backend::Nccl) {  // no Lamport strategies, no route of its own: only the window's bound applies
+    t.oneshot_max_bytes = 0;
+    t.multimem_min_bytes = never;
+    t.nccl_min_bytes = never;
+  } else if (backend == Backend::Trtllm) {
+    t.multimem_min_bytes = never;
+  }
+  return t;
+}
 
 /// The tensors and parameters of one fused call, checked against the pattern before anything runs: every tensor
 /// the pattern uses must be given, and an output it does not use must be null. Shapes are [num_tokens, hidden_dim]

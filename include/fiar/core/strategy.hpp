@@ -1,26 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
-// fiar/core/strategy.hpp — how a Lamport call reduces (one-shot or two-shot) and the built-in table that picks one.
-// Contract: constexpr and identical on every rank (only values every rank shares go in); a Strategy value outside
-// the enumeration is rejected with std::invalid_argument naming it, never run as some default.
+// fiar/core/strategy.hpp — how a call reduces (one-shot, two-shot, in the switch, or handed to NCCL) and the built-in
+// table that picks one per message size.
+// Contract: constexpr and identical on every rank (only values every rank shares go in: the backend, architecture,
+// world size, interconnect and the message bytes); a Strategy value outside the enumeration is rejected with
+// std::invalid_argument naming it, never run as some default.
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "backend.hpp"
 #include "prelude.hpp"
+#include "topology.hpp"
 
 FIAR_BEGIN_NAMESPACE
 
 /// One-shot (every rank reduces everything) or two-shot (reduce-scatter, then all-gather); Auto: the table.
 /// Multimem (mnnvl only): the NVSwitch reduces, each rank load-reduces its share through the multicast mapping
 /// (multimem.ld_reduce) and stores the sum back through it (multimem.st).
-enum class Strategy { Auto, OneShot, TwoShot, Multimem };
+/// Nccl (trtllm / mnnvl with their NCCL route; the nccl backend): the sum is ncclAllReduce's, inside the same
+/// workspace, then fiar's fused epilogue.
+enum class Strategy { Auto, OneShot, TwoShot, Multimem, Nccl };
 
 namespace detail {
-inline constexpr std::string_view kStrategyNames[] = {"auto", "oneshot", "twoshot", "multimem"};
+inline constexpr std::string_view kStrategyNames[] = {"auto", "oneshot", "twoshot", "multimem", "nccl"};
 }
 
 /// Whether s is one of the enumerators (a value cast from an integer may not be).
@@ -28,7 +34,7 @@ constexpr bool is_valid(Strategy s) noexcept {
   return static_cast<int>(s) >= 0 && static_cast<int>(s) < static_cast<int>(std::size(detail::kStrategyNames));
 }
 
-/// "auto", "oneshot", "twoshot", "multimem" ("invalid" outside the enumeration).
+/// "auto", "oneshot", "twoshot", "multimem", "nccl" ("invalid" outside the enumeration).
 constexpr std::string_view to_string(Strategy s) noexcept {
   return is_valid(s) ? detail::kStrategyNames[static_cast<int>(s)] : std::string_view("invalid");
 }
@@ -37,8 +43,8 @@ namespace detail {
 /// "Strategy value 7 is not a strategy; allowed: ...", without the "fiar: " that begins every message.
 inline std::string strategy_value_text(Strategy s) {
   return "Strategy value " + std::to_string(static_cast<int>(s)) +
-         " is not a strategy; allowed: auto, oneshot, twoshot, multimem. Fix: pass fiar::Strategy::Auto, OneShot, "
-         "TwoShot or Multimem.";
+         " is not a strategy; allowed: auto, oneshot, twoshot, multimem, nccl. Fix: pass fiar::Strategy::Auto, "
+         "OneShot, TwoShot, Multimem or Nccl.";
 }
 }  // namespace detail
 
@@ -74,6 +80,57 @@ constexpr Strategy choose_strategy(int world_size, int num_tokens, std::size_t m
                                    std::size_t oneshot_max_bytes) {
   if (world_size == 1 || num_tokens < world_size || message_bytes <= oneshot_max_bytes) return Strategy::OneShot;
   return Strategy::TwoShot;
+}
+
+/// A threshold that is never reached: WorkspaceConfig{.nccl_min_bytes = fiar::never} turns a route off.
+inline constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+
+/// Where Strategy::Auto changes path, in per-rank message bytes (tokens x hidden x sizeof(T)): one row of the
+/// built-in table (default_strategy_thresholds) with the caller's WorkspaceConfig values over it. A workspace
+/// resolves its row at creation and every rank agrees on it, so a call of the same size takes the same path on
+/// every rank.
+struct StrategyThresholds {
+  std::size_t oneshot_max_bytes = 0;         ///< one-shot up to here (and whenever tokens < world size)
+  std::size_t multimem_min_bytes = never;    ///< mnnvl: the in-switch reduction from here
+  std::size_t nccl_min_bytes = never;        ///< trtllm / mnnvl: ncclAllReduce inside the workspace from here
+  std::size_t nccl_symmetric_max_bytes = 0;  ///< NCCL on GPUs: through the symmetric window up to here, in place
+                                             ///< on the caller's buffers beyond (the window's copies cost more)
+  friend constexpr bool operator==(const StrategyThresholds&, const StrategyThresholds&) = default;
+};
+
+/// The built-in strategy table: the row for a group of `world_size` ranks of architecture `arch` (x10; 0: unknown,
+/// taken as sm_90) over `interconnect` (Unknown: NVLink's row). Derived from scripts/model --table (NCCL's published
+/// large-message figures against fiar's model; docs/performance.md shows both) and, for the one-shot threshold,
+/// from the tables inference engines measured; nothing in it has been measured by fiar-bench yet. The in-switch
+/// reduction is off (never) until fiar-bench measures it on NVSwitch hardware, though the model puts it ahead of
+/// two-shot from 128 KiB at 8 ranks: set WorkspaceConfig::multimem_min_bytes to take it.
+constexpr StrategyThresholds default_strategy_thresholds(Backend backend, int arch, int world_size,
+                                                         Interconnect interconnect) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  const bool blackwell = arch >= 100;
+  StrategyThresholds t;
+  t.oneshot_max_bytes = default_oneshot_max_bytes(backend, arch, world_size);
+  t.nccl_symmetric_max_bytes = (blackwell ? 32 : 16) * MiB;
+  if (backend == Backend::Nccl || world_size <= 1 || interconnect == Interconnect::Pcie) {
+    // PCIe: NCCL's rings move what two-shot moves over the same links, so the model never hands a size over.
+    return t;
+  }
+  if (blackwell) {
+    if (world_size > 4) t.nccl_min_bytes = 128 * MiB;
+  } else {
+    t.nccl_min_bytes = world_size <= 4 ? 512 * MiB : 32 * MiB;
+  }
+  return t;
+}
+
+/// Strategy::Auto resolved with a full row: NCCL from nccl_min_bytes when the workspace has its NCCL route, the
+/// in-switch reduction from multimem_min_bytes when it has multicast, else one-shot / two-shot as above. A single
+/// rank always takes one-shot (a copy).
+constexpr Strategy choose_strategy(const StrategyThresholds& t, int world_size, int num_tokens,
+                                   std::size_t message_bytes, bool multicast, bool nccl_route) {
+  if (world_size > 1 && nccl_route && message_bytes >= t.nccl_min_bytes) return Strategy::Nccl;
+  if (world_size > 1 && multicast && message_bytes >= t.multimem_min_bytes) return Strategy::Multimem;
+  return choose_strategy(world_size, num_tokens, message_bytes, t.oneshot_max_bytes);
 }
 
 FIAR_END_NAMESPACE

@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+// The strategy table across backends: its rows (default_strategy_thresholds) and how a workspace resolves and agrees
+// on one; the NCCL route of the trtllm and mnnvl workspaces (calls from nccl_min_bytes handed to a nccl workspace of
+// the same group) on the host emulator, whose NCCL is a rank-order fp32 reduction: so a routed call is bit-identical
+// to one-shot, every pattern and dtype, mixed with the Lamport strategies in one sequence; a route that is not there
+// is refused by name; ranks that disagree fail at creation, or time out (bounded) when they route one call
+// differently.
+#include <catch2/catch.hpp>
+#include <fiar/fiar.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "../common/cases.hpp"
+#include "../common/fusion_reference.hpp"
+#include "../common/host_fusion_harness.hpp"
+#include "../common/host_harness.hpp"
+#include "../common/reference.hpp"
+
+using namespace std::chrono_literals;
+using fiar::Backend;
+using fiar::Interconnect;
+using fiar::MnnvlPolicy;
+using fiar::NcclPolicy;
+using fiar::Pattern;
+using fiar::Strategy;
+using fiar::StrategyThresholds;
+using fiar::TrtllmPolicy;
+using fiar_test::kSmallGrid;
+using fiar_test::one_node;
+using fiar_test::run_ranks;
+
+namespace {
+
+constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
+
+template <class T, class Policy>
+using HostWs = fiar_test::HostWorkspace<T, Policy>;
+
+fiar::Topology with_interconnect(int world, int rank, int arch, Interconnect i) {
+  fiar::Topology t = one_node(world, rank, arch);
+  t.interconnect = i;
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("routes: the strategy Nccl, its name and its place in the enumeration", "[routes]") {
+  CHECK(fiar::to_string(Strategy::Nccl) == "nccl");
+  CHECK(fiar::is_valid(Strategy::Nccl));
+  CHECK_FALSE(fiar::is_valid(static_cast<Strategy>(5)));
+  CHECK_THROWS_WITH(fiar::check_strategy(static_cast<Strategy>(5)), Catch::Contains("nccl"));
+}
+
+TEST_CASE("routes: the built-in table's rows", "[routes]") {
+  for (Backend b : {Backend::Trtllm, Backend::Mnnvl}) {
+    for (int arch : {0, 90, 100, 120}) {
+      std::size_t previous = fiar::never;
+      for (int world = 1; world <= 72; ++world) {
+        CAPTURE(fiar::to_string(b), arch, world);
+        const StrategyThresholds nv = fiar::default_strategy_thresholds(b, arch, world, Interconnect::NvLink);
+        // The one-shot threshold is the table engines measured, unchanged.
+        CHECK(nv.oneshot_max_bytes == fiar::default_oneshot_max_bytes(b, arch, world));
+        // The in-switch reduction stays off until measured.
+        CHECK(nv.multimem_min_bytes == fiar::never);
+        // Unknown is NVLink's row; PCIe never hands a size to NCCL (the model finds no crossover there).
+        CHECK(fiar::default_strategy_thresholds(b, arch, world, Interconnect::Unknown) == nv);
+        CHECK(fiar::default_strategy_thresholds(b, arch, world, Interconnect::Pcie).nccl_min_bytes == fiar::never);
+        // A single rank has nothing to hand over; more ranks hand over no later than fewer (NCCL's NVLS gains with
+        // the world size, the Lamport protocols lose).
+        if (world == 1) CHECK(nv.nccl_min_bytes == fiar::never);
+        CHECK(nv.nccl_min_bytes <= previous);
+        previous = nv.nccl_min_bytes;
+        // NCCL takes over only beyond the one-shot range, and at a size a real call can have (a power of two).
+        if (nv.nccl_min_bytes != fiar::never) {
+          CHECK(nv.nccl_min_bytes > nv.oneshot_max_bytes);
+          CHECK((nv.nccl_min_bytes & (nv.nccl_min_bytes - 1)) == 0);
+        }
+        CHECK(nv.nccl_symmetric_max_bytes > 0);
+      }
+    }
+  }
+  // The nccl backend's row has no Lamport step.
+  const StrategyThresholds n = fiar::default_strategy_thresholds(Backend::Nccl, 90, 8, Interconnect::NvLink);
+  CHECK(n.nccl_min_bytes == fiar::never);
+  CHECK(n.multimem_min_bytes == fiar::never);
+}
+
+TEST_CASE("routes: choose_strategy over a full row", "[routes]") {
+  constexpr StrategyThresholds row{
+      .oneshot_max_bytes = 64 * KiB, .multimem_min_bytes = 1 * MiB, .nccl_min_bytes = 16 * MiB};
+  using fiar::choose_strategy;
+  STATIC_REQUIRE(choose_strategy(row, 8, 8, 64 * KiB, true, true) == Strategy::OneShot);
+  STATIC_REQUIRE(choose_strategy(row, 8, 64, 512 * KiB, true, true) == Strategy::TwoShot);
+  STATIC_REQUIRE(choose_strategy(row, 8, 64, 1 * MiB, true, true) == Strategy::Multimem);
+  STATIC_REQUIRE(choose_strategy(row, 8, 64, 1 * MiB, false, true) == Strategy::TwoShot);  // no multicast
+  STATIC_REQUIRE(choose_strategy(row, 8, 1024, 16 * MiB, true, true) == Strategy::Nccl);
+  STATIC_REQUIRE(choose_strategy(row, 8, 1024, 16 * MiB, true, false) == Strategy::Multimem);  // no route
+  STATIC_REQUIRE(choose_strategy(row, 8, 1024, 16 * MiB, false, false) == Strategy::TwoShot);
+  STATIC_REQUIRE(choose_strategy(row, 1, 1024, 16 * MiB, true, true) == Strategy::OneShot);  // a single rank
+  STATIC_REQUIRE(choose_strategy(row, 8, 4, 16 * MiB, true, true) == Strategy::Nccl);        // the bytes decide first
+  // A row without steps beyond the table is the two-argument rule.
+  constexpr StrategyThresholds plain{.oneshot_max_bytes = 1024};
+  STATIC_REQUIRE(choose_strategy(plain, 8, 64, 1025, true, true) == choose_strategy(8, 64, 1025, 1024));
+}
+
+TEST_CASE("routes: strategy_thresholds puts the caller's values over the row, as each backend applies them",
+          "[routes]") {
+  const fiar::Topology topo = with_interconnect(8, 0, 90, Interconnect::NvLink);
+  const fiar::WorkspaceConfig plain{.max_token_num = 8, .hidden_dim = 64};
+  CHECK(fiar::strategy_thresholds(Backend::Trtllm, topo, plain) ==
+        fiar::default_strategy_thresholds(Backend::Trtllm, 90, 8, Interconnect::NvLink));
+  const fiar::WorkspaceConfig given{.max_token_num = 8,
+                                    .hidden_dim = 64,
+                                    .oneshot_max_bytes = 100,
+                                    .multimem_min_bytes = 200,
+                                    .nccl_min_bytes = 300,
+                                    .nccl_symmetric_max_bytes = 400};
+  const StrategyThresholds m = fiar::strategy_thresholds(Backend::Mnnvl, topo, given);
+  CHECK(m == StrategyThresholds{100, 200, 300, 400});
+  // trtllm has no in-switch reduction; nccl only the window's bound.
+  CHECK(fiar::strategy_thresholds(Backend::Trtllm, topo, given) == StrategyThresholds{100, fiar::never, 300, 400});
+  CHECK(fiar::strategy_thresholds(Backend::Nccl, topo, given) == StrategyThresholds{0, fiar::never, fiar::never, 400});
+  // The interconnect is part of the key.
+  const fiar::Topology pcie = with_interconnect(2, 0, 90, Interconnect::Pcie);
+  CHECK(fiar::strategy_thresholds(Backend::Trtllm, pcie, plain).nccl_min_bytes == fiar::never);
+  // The pool reuses a workspace only for the same thresholds.
+  fiar::WorkspaceConfig other = given;
+  other.nccl_min_bytes = 301;
+  CHECK(fiar::config_can_serve(given, given));
+  CHECK_FALSE(fiar::config_can_serve(given, other));
+  other = given;
+  other.nccl_symmetric_max_bytes = std::nullopt;
+  CHECK_FALSE(fiar::config_can_serve(given, other));
+}
+
+TEMPLATE_TEST_CASE(
+    "routes: calls from nccl_min_bytes take NCCL inside trtllm and mnnvl workspaces, bit-identical to "
+    "fiar's rank order, mixed with the Lamport strategies",
+    "[routes]", float, __half, __nv_bfloat16) {
+  const int world = GENERATE(2, 3, 4);
+  constexpr int hidden = 64, max_tokens = 12, from_tokens = 8;
+  const fiar::WorkspaceConfig cfg{.max_token_num = max_tokens,
+                                  .hidden_dim = hidden,
+                                  .oneshot_max_bytes = 2 * hidden * sizeof(TestType),
+                                  .nccl_min_bytes = from_tokens * hidden * sizeof(TestType)};
+  const auto tokens_of = [](int c) { return 1 + (c * 7) % max_tokens; };
+  const auto auto_strategy = [](int) { return Strategy::Auto; };
+  auto expect = [&](const std::vector<Strategy>& ran, bool multicast) {
+    REQUIRE(ran.size() == 36);
+    int routed = 0;
+    for (int c = 0; c < 36; ++c) {
+      CAPTURE(c, tokens_of(c));
+      const int t = tokens_of(c);
+      const Strategy want = t >= from_tokens      ? Strategy::Nccl
+                            : t <= 2 || t < world ? Strategy::OneShot
+                                                  : Strategy::TwoShot;
+      CHECK(ran[static_cast<std::size_t>(c)] == want);
+      routed += ran[static_cast<std::size_t>(c)] == Strategy::Nccl ? 1 : 0;
+    }
+    CHECK(routed == 15);  // tokens 8..12 of every cycle of 12
+    (void)multicast;
+  };
+  expect(fiar_test::run_and_check<TestType, TrtllmPolicy>(world, cfg, 36, tokens_of, auto_strategy), false);
+  expect(fiar_test::run_and_check<TestType, MnnvlPolicy>(world, cfg, 36, tokens_of, auto_strategy), true);
+  // Forced: the route for every size, and in place.
+  const auto ran = fiar_test::run_and_check<TestType, TrtllmPolicy>(
+      world, cfg, 12, tokens_of, [](int) { return Strategy::Nccl; }, /*in_place=*/true);
+  for (Strategy s : ran) CHECK(s == Strategy::Nccl);
+}
+
+TEMPLATE_TEST_CASE("routes: every fused pattern through the NCCL route matches the reference", "[routes]", float,
+                   __half, __nv_bfloat16) {
+  const fiar_test::Shape s{4, 5, 16 * 19};
+  using fiar_test::run_and_check;
+  run_and_check<Pattern::AllReduce, TestType, TrtllmPolicy>(s, Strategy::Nccl, false);
+  run_and_check<Pattern::ResidualRmsNorm, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
+  run_and_check<Pattern::ResidualRmsNormFp8, TestType, MnnvlPolicy>(s, Strategy::Nccl, false);
+  run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
+  if constexpr (sizeof(TestType) == 2) {
+    run_and_check<Pattern::ResidualRmsNormNvfp4, TestType, MnnvlPolicy>(s, Strategy::Nccl, true);
+  }
+}
+
+TEST_CASE("routes: the fused outputs of a routed call are bit-identical to one-shot's", "[routes]") {
+  const fiar_test::Shape s{3, 4, 16 * 8};
+  using T = __nv_bfloat16;
+  const auto routed = fiar_test::run_pattern<Pattern::ResidualRmsNormFp8Dynamic, T, TrtllmPolicy>(
+      s, Strategy::Nccl, true, fiar::ScaleLayout::Swizzled128x4, 0.0f, 0.75f, false);
+  const auto oneshot = fiar_test::run_pattern<Pattern::ResidualRmsNormFp8Dynamic, T, TrtllmPolicy>(
+      s, Strategy::OneShot, true, fiar::ScaleLayout::Swizzled128x4, 0.0f, 0.75f, false);
+  auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() &&
+           std::equal(a.begin(), a.end(), b.begin(), [](T x, T y) { return fiar_test::bits(x) == fiar_test::bits(y); });
+  };
+  for (std::size_t r = 0; r < routed.size(); ++r) {
+    CAPTURE(r);
+    CHECK(same(routed[r].residual_out, oneshot[r].residual_out));
+    CHECK(same(routed[r].norm_out, oneshot[r].norm_out));
+    CHECK(routed[r].quant == oneshot[r].quant);
+  }
+}
+
+TEST_CASE("routes: a workspace without the route says why, and refuses Strategy::Nccl by name", "[routes]") {
+  struct Case {
+    int world;
+    std::optional<std::size_t> from;
+    const char* reason;
+  };
+  for (const Case& c : {Case{4, std::nullopt, "no call reaches nccl_min_bytes"}, Case{4, fiar::never, "no NCCL step"},
+                        Case{1, 64, "single rank"}}) {
+    CAPTURE(c.world, c.reason);
+    const fiar::WorkspaceConfig cfg{.max_token_num = 4, .hidden_dim = 64, .nccl_min_bytes = c.from};
+    auto errors = run_ranks(c.world, [&](int rank, fiar::InProcessBootstrap& boot) {
+      HostWs<float, TrtllmPolicy> ws(boot, one_node(c.world, rank), cfg, kSmallGrid);
+      FIAR_ENSURE(!ws.has_nccl_route());
+      FIAR_ENSURE(ws.nccl_route_reason().find(c.reason) != std::string::npos);
+      FIAR_ENSURE(!ws.is_buffer_size_sufficient(2, Strategy::Nccl));
+      FIAR_ENSURE(ws.strategy_for(4) != Strategy::Nccl);
+      std::vector<float> in(4 * 64, 1.0f), out(4 * 64, -1.0f);
+      const std::string e = fiar_test::thrown<std::invalid_argument>(
+          [&] { ws.allreduce(in.data(), out.data(), 4, nullptr, Strategy::Nccl); });
+      FIAR_ENSURE(e.find("strategy nccl needs the workspace's NCCL route") != std::string::npos);
+      FIAR_ENSURE(e.find("nccl_min_bytes") != std::string::npos);
+      FIAR_ENSURE(out[0] == -1.0f);            // nothing ran
+      ws.allreduce(in.data(), out.data(), 4);  // and the workspace still works
+      FIAR_ENSURE(out[0] == static_cast<float>(c.world));
+    });
+    fiar_test::require_no_errors(errors);
+  }
+}
+
+TEST_CASE("routes: every rank resolves the same row and reports it; the nccl backend takes Strategy::Nccl",
+          "[routes]") {
+  const int world = 4;
+  const fiar::WorkspaceConfig cfg{.max_token_num = 8, .hidden_dim = 64, .nccl_min_bytes = 4 * 64 * sizeof(float)};
+  std::vector<StrategyThresholds> seen(world);
+  auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    HostWs<float, MnnvlPolicy> ws(boot, one_node(world, rank), cfg, kSmallGrid);
+    seen[fiar_test::at(rank)] = ws.strategy_thresholds();
+    FIAR_ENSURE(ws.has_nccl_route() && ws.nccl_route_reason().empty());
+    FIAR_ENSURE(ws.is_buffer_size_sufficient(8, Strategy::Nccl));
+    FIAR_ENSURE(ws.strategy_for(3) != Strategy::Nccl && ws.strategy_for(4) == Strategy::Nccl);
+    HostWs<float, NcclPolicy> nccl(boot, fiar_test::anywhere(world, rank, 90), cfg, kSmallGrid);
+    FIAR_ENSURE(nccl.has_nccl_route());
+    FIAR_ENSURE(nccl.strategy_thresholds().nccl_min_bytes == fiar::never);
+    std::vector<float> in(8 * 64, 2.0f), out(8 * 64, 0.0f);
+    nccl.allreduce(in.data(), out.data(), 8, nullptr, Strategy::Nccl);
+    FIAR_ENSURE(out[0] == 2.0f * world);
+    const std::string e = fiar_test::thrown<std::invalid_argument>(
+        [&] { nccl.allreduce(in.data(), out.data(), 8, nullptr, Strategy::OneShot); });
+    FIAR_ENSURE(e.find("Strategy::Auto (or Nccl)") != std::string::npos);
+  });
+  fiar_test::require_no_errors(errors);
+  for (const auto& t : seen) {
+    CHECK(t == seen[0]);
+    CHECK(t == fiar::strategy_thresholds(Backend::Mnnvl, one_node(world, 0), cfg));
+  }
+}
+
+TEST_CASE("routes: ranks whose thresholds differ fail the creation on every rank, naming the value", "[routes]") {
+  const int world = 3;
+  auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    fiar::WorkspaceConfig cfg{.max_token_num = 8, .hidden_dim = 64};
+    if (rank == 1) cfg.nccl_min_bytes = 1024;
+    HostWs<float, TrtllmPolicy> ws(boot, one_node(world, rank), cfg, kSmallGrid);
+  });
+  for (const std::string& e : errors) {
+    CHECK_THAT(e, Catch::Contains("configurations differ") && Catch::Contains("nccl_min_bytes 1024"));
+  }
+}
+
+TEST_CASE("routes: a call one rank routes to NCCL and another does not times out on both, bounded", "[routes]") {
+  const int world = 2;
+  const fiar::WorkspaceConfig cfg{
+      .max_token_num = 8, .hidden_dim = 64, .timeout = 300ms, .nccl_min_bytes = 4 * 64 * sizeof(float)};
+  std::vector<fiar_test::AfterPeerStopped> seen(world);
+  auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    HostWs<float, TrtllmPolicy> ws(boot, one_node(world, rank), cfg, kSmallGrid);
+    std::vector<float> in(8 * 64, 1.0f), out(8 * 64);
+    // Rank 0 calls with 4 tokens (the route), rank 1 with 3 (one-shot): a caller bug fiar cannot hide.
+    const int tokens = rank == 0 ? 4 : 3;
+    seen[fiar_test::at(rank)] = fiar_test::after_peer_stopped(ws, [&] { ws.allreduce(in.data(), out.data(), tokens); });
+  });
+  fiar_test::require_no_errors(errors);
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r, seen[fiar_test::at(r)].first);
+    CHECK_THAT(seen[fiar_test::at(r)].first, Catch::Contains("gave up after 300 ms"));
+    CHECK(seen[fiar_test::at(r)].took < 5s);
+    CHECK_FALSE(seen[fiar_test::at(r)].checked.empty());
+  }
+}
