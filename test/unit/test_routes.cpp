@@ -202,6 +202,57 @@ TEST_CASE("routes: the fused outputs of a routed call are bit-identical to one-s
   }
 }
 
+TEST_CASE("routes: with the route, the Lamport buffers hold only the calls below nccl_min_bytes", "[routes]") {
+  const int world = 3;
+  constexpr int hidden = 64;
+  for (const bool oneshot_at_max : {false, true}) {
+    CAPTURE(oneshot_at_max);
+    fiar::WorkspaceConfig cfg{.max_token_num = 12,
+                              .hidden_dim = hidden,
+                              .oneshot_max_bytes = 2 * hidden * sizeof(float),
+                              .oneshot_at_max_tokens = oneshot_at_max,
+                              .nccl_min_bytes = 8 * hidden * sizeof(float)};
+    fiar::WorkspaceConfig without = cfg;
+    without.nccl_min_bytes = fiar::never;
+    auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+      HostWs<float, TrtllmPolicy> ws(boot, one_node(world, rank), cfg, kSmallGrid);
+      HostWs<float, TrtllmPolicy> full(boot, one_node(world, rank), without, kSmallGrid);
+      FIAR_ENSURE(ws.has_nccl_route() && !full.has_nccl_route());
+      // 7 tokens are the largest Lamport call; 8 and more are the route's.
+      FIAR_ENSURE(ws.is_buffer_size_sufficient(7, Strategy::TwoShot));
+      FIAR_ENSURE(!ws.is_buffer_size_sufficient(12, Strategy::TwoShot));
+      FIAR_ENSURE(ws.is_buffer_size_sufficient(8, Strategy::TwoShot) == oneshot_at_max);  // room left by one-shot's
+      FIAR_ENSURE(ws.is_buffer_size_sufficient(12, Strategy::Nccl) && ws.is_buffer_size_sufficient(12));
+      FIAR_ENSURE(full.is_buffer_size_sufficient(12, Strategy::TwoShot));
+      FIAR_ENSURE(ws.is_buffer_size_sufficient(7, Strategy::OneShot) == oneshot_at_max);
+      FIAR_ENSURE(full.is_buffer_size_sufficient(12, Strategy::OneShot) == oneshot_at_max);
+      std::vector<float> in(12 * hidden, 1.0f), out(12 * hidden, -1.0f);
+      const std::string e = fiar_test::thrown<std::invalid_argument>(
+          [&] { ws.allreduce(in.data(), out.data(), 12, nullptr, Strategy::TwoShot); });
+      FIAR_ENSURE(e.find("Lamport buffers hold at most 7 tokens") != std::string::npos);
+      FIAR_ENSURE(out[0] == -1.0f);
+      // Both workspaces reduce every size, through their own paths.
+      for (int tokens : {7, 8, 12}) {
+        ws.allreduce(in.data(), out.data(), tokens);
+        FIAR_ENSURE(out[0] == 3.0f && out[static_cast<std::size_t>(tokens) * hidden - 1] == 3.0f);
+        FIAR_ENSURE(ws.last_strategy() == (tokens >= 8 ? Strategy::Nccl : Strategy::TwoShot));
+        full.allreduce(in.data(), out.data(), tokens);
+        FIAR_ENSURE(full.last_strategy() == Strategy::TwoShot);
+      }
+    });
+    fiar_test::require_no_errors(errors);
+  }
+  // nccl_min_bytes = 0: every call is the route's, and the Lamport buffers hold one token.
+  auto errors = run_ranks(2, [&](int rank, fiar::InProcessBootstrap& boot) {
+    const fiar::WorkspaceConfig cfg{.max_token_num = 4, .hidden_dim = hidden, .nccl_min_bytes = 0};
+    HostWs<float, MnnvlPolicy> ws(boot, one_node(2, rank), cfg, kSmallGrid);
+    FIAR_ENSURE(ws.strategy_for(1) == Strategy::Nccl && ws.strategy_for(4) == Strategy::Nccl);
+    FIAR_ENSURE(ws.is_buffer_size_sufficient(1, Strategy::OneShot) &&
+                !ws.is_buffer_size_sufficient(2, Strategy::OneShot));
+  });
+  fiar_test::require_no_errors(errors);
+}
+
 TEST_CASE("routes: a workspace without the route says why, and refuses Strategy::Nccl by name", "[routes]") {
   struct Case {
     int world;

@@ -50,22 +50,29 @@ class LamportWorkspace {
   static constexpr std::string_view kName = to_string(Policy::backend);
 
  public:
-  /// Words of one Lamport buffer for this configuration (one of three; a call uses one).
+  /// Words of one Lamport buffer for this configuration (one of three; a call uses one), without the NCCL route
+  /// (with it, the buffers hold only the calls below nccl_min_bytes: see lamport_tokens()).
   static std::size_t buffer_words(int world_size, int arch, const WorkspaceConfig& cfg) {
+    return buffer_words_for(world_size, arch, cfg, cfg.max_token_num);
+  }
+
+  /// Words of one Lamport buffer whose calls have at most max_tokens tokens.
+  static std::size_t buffer_words_for(int world_size, int arch, const WorkspaceConfig& cfg, int max_tokens) {
     const int vecs = vecs_per_token(cfg.hidden_dim);
     const std::size_t threshold = thresholds(Topology{.world_size = world_size, .arch = arch}, cfg).oneshot_max_bytes;
     const std::size_t row_bytes = static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T);
     // Auto runs one-shot up to the threshold and whenever tokens < world size (choose_strategy).
     const std::size_t auto_oneshot_tokens = std::max<std::size_t>(threshold / row_bytes, world_size - 1);
     const int oneshot_tokens = cfg.oneshot_at_max_tokens
-                                   ? cfg.max_token_num
-                                   : static_cast<int>(std::min<std::size_t>(auto_oneshot_tokens, cfg.max_token_num));
+                                   ? max_tokens
+                                   : static_cast<int>(std::min<std::size_t>(auto_oneshot_tokens, max_tokens));
     return algo::header_words(world_size) + std::max(algo::oneshot_words(world_size, std::max(oneshot_tokens, 1), vecs),
-                                                     algo::twoshot_words(world_size, cfg.max_token_num, vecs));
+                                                     algo::twoshot_words(world_size, max_tokens, vecs));
   }
 
   /// Bytes of rank-visible memory each rank allocates (three Lamport buffers; mnnvl: and the multimem barrier
-  /// counters).
+  /// counters), without the NCCL route: with it, less (the buffers hold only the calls below nccl_min_bytes), plus
+  /// the route's own (its sum buffer and window, and NCCL's).
   static std::size_t required_bytes(const Topology& topo, const WorkspaceConfig& cfg) {
     return (algo::kLamportBuffers * buffer_words(topo.world_size, topo.arch, cfg) + kCounterWords) *
            sizeof(std::uint32_t);
@@ -95,11 +102,15 @@ class LamportWorkspace {
     return CreationExtras{buffer_words(topo.world_size, topo.arch, cfg), thresholds(topo, cfg), true};
   }
 
-  /// Allocates and fills the region once every rank agreed on `agreed` (Workspace's constructor).
+  /// Sets up the NCCL route when the largest call reaches it, then allocates and fills the Lamport region, once every
+  /// rank agreed on `agreed` (Workspace's constructor). The route comes first: whether it exists (the same on every
+  /// rank) decides how many tokens the Lamport buffers hold.
   template <Bootstrap B>
   LamportWorkspace(const CreationExtras& agreed, B& boot, const Topology& topo, const WorkspaceConfig& cfg,
                    const typename Pf::Options& options)
       : platform_(options), topo_(topo), cfg_(cfg), thresholds_(agreed.thresholds), buffer_words_(agreed.buffer_words) {
+    create_route(agreed, boot, options);
+    if (route_) buffer_words_ = buffer_words_for(topo.world_size, topo.arch, cfg, lamport_tokens());
     const std::size_t lamport_words = algo::kLamportBuffers * buffer_words_;
     const std::size_t region_words = lamport_words + kCounterWords;
     if constexpr (kMulticast) {
@@ -121,7 +132,6 @@ class LamportWorkspace {
     }
     platform_.synchronize();
     boot.barrier();  // no rank pushes into a buffer before its owner has filled it with sentinels
-    create_route(agreed, boot, options);
   }
 
   [[nodiscard]] const Topology& topology() const { return topo_; }
@@ -132,6 +142,14 @@ class LamportWorkspace {
   [[nodiscard]] const StrategyThresholds& strategy_thresholds() const { return thresholds_; }
   [[nodiscard]] bool has_nccl_route() const { return route_.has_value(); }
   [[nodiscard]] const std::string& nccl_route_reason() const { return route_reason_; }
+  /// The most tokens a call on the Lamport buffers can have: max_token_num, or with the route the largest call
+  /// below nccl_min_bytes (larger ones are the route's).
+  [[nodiscard]] int lamport_tokens() const {
+    if (!route_) return cfg_.max_token_num;
+    const std::size_t row = message_bytes(cfg_, 1), from = thresholds_.nccl_min_bytes;
+    const std::size_t below = from <= row ? 1 : (from - 1) / row;
+    return static_cast<int>(std::min<std::size_t>(std::max<std::size_t>(below, 1), cfg_.max_token_num));
+  }
   [[nodiscard]] Strategy last_strategy() const { return last_strategy_; }
 
   [[nodiscard]] Strategy strategy_for(int num_tokens) const {
@@ -164,6 +182,14 @@ class LamportWorkspace {
              std::to_string(message_bytes(cfg_, cfg_.max_token_num)) + ").";
     }
     if (s == Strategy::Auto || is_buffer_size_sufficient(num_tokens, s)) return "";
+    if (route_ && num_tokens > lamport_tokens()) {
+      return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) +
+             ": calls from nccl_min_bytes = " + std::to_string(thresholds_.nccl_min_bytes) +
+             " bytes per rank are the NCCL route's, and this workspace's Lamport buffers hold at most " +
+             std::to_string(lamport_tokens()) +
+             " tokens. Fix: use Strategy::Auto or Nccl, or create the workspace with a larger nccl_min_bytes (or "
+             "fiar::never).";
+    }
     return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) + " needs " +
            std::to_string(words_for(s, num_tokens) * 4) + " bytes per Lamport buffer; this workspace has " +
            std::to_string(data_words() * 4) +
@@ -284,7 +310,7 @@ class LamportWorkspace {
     return topo.world_size > 1 && thresholds(topo, cfg).nccl_min_bytes <= message_bytes(cfg, cfg.max_token_num);
   }
 
-  // Collective (after the Lamport region): the NCCL route when the largest call reaches its threshold. A route the
+  // Collective (before the Lamport region): the NCCL route when the largest call reaches its threshold. A route the
   // caller asked for (nccl_min_bytes given) that cannot be set up fails the creation on every rank; the table's own
   // is left out with one warning, and those calls take the Lamport strategies. A timeout (a rank missing) always
   // fails the creation.
