@@ -126,6 +126,13 @@ for backend in ("trtllm", "mnnvl", "nccl"):
         check(re.search(rf"rank 0: {backend} {pattern}: 2 call\(s\), 0 mismatch", lines) is not None,
               f"tcp bf16: rank 0 ran {backend} {pattern}, 0 mismatches")
 run_group("tcp float", 3, ["--dtype=float", "--calls=2", "--tokens=5"])
+# The NCCL route of trtllm and mnnvl across processes: every call handed to the nested nccl workspace (its own
+# shared-memory segments), checked against the reference and across ranks.
+g = run_group("tcp, the NCCL route", 3, ["--backends=trtllm,mnnvl", "--nccl-min-bytes=0", "--calls=3",
+                                          "--patterns=allreduce,residual_rmsnorm_fp8_dynamic"])
+for backend in ("trtllm", "mnnvl"):
+    check(re.search(rf"rank 0: {backend} residual_rmsnorm_fp8_dynamic: 3 call\(s\), 0 mismatch", g.output(0))
+          is not None, f"the NCCL route: rank 0 ran {backend} through it, 0 mismatches")
 
 # 2. The launchers' variables: torchrun's, and Open MPI's (with fiar's rendezvous port).
 run_group("torchrun variables", 2, ["--backends=trtllm", "--patterns=residual_rmsnorm_fp8"], style="torchrun")

@@ -37,6 +37,7 @@ struct Args {
   int bootstrap_ms = 30000;  // each bootstrap collective's bound
   bool progress = false;
   bool compare = true;  // all-gather a digest of the outputs after each call (a bootstrap collective per call)
+  std::optional<std::size_t> nccl_min_bytes;  // trtllm / mnnvl: the NCCL route (0: every call; checked it ran)
 };
 
 struct BadArgs : std::runtime_error {
@@ -109,6 +110,8 @@ Args parse(int argc, char** argv) {
       a.timeout_ms = to_int(key, value, 1);
     } else if (key == "--bootstrap-ms") {
       a.bootstrap_ms = to_int(key, value, 1);
+    } else if (key == "--nccl-min-bytes") {
+      a.nccl_min_bytes = static_cast<std::size_t>(to_int(key, value, 0));
     } else {
       throw BadArgs("unknown option '" + key + "'");
     }
@@ -129,6 +132,7 @@ long run_pattern(B& boot, const Args& a, fiar::Backend backend, long& call_numbe
   cfg.max_token_num = a.tokens;
   cfg.hidden_dim = a.hidden;
   cfg.timeout = std::chrono::milliseconds(a.timeout_ms);
+  cfg.nccl_min_bytes = a.nccl_min_bytes;
   auto ws = fiar::make_workspace<T, fiar::HostPlatform>(boot, topo, cfg, backend,
                                                         fiar::HostPlatformOptions{.blocks = 2, .lanes = 4});
   if (!ws.platform().across_processes() && boot.size() > 1) {
@@ -141,6 +145,13 @@ long run_pattern(B& boot, const Args& a, fiar::Backend backend, long& call_numbe
     call.set_inputs(mem, boot.rank(), it);
     ws.template run<P>(call.a, nullptr, fiar::Strategy::Auto);
     ws.check();
+    if (a.nccl_min_bytes == std::size_t{0} && backend != fiar::Backend::Nccl &&
+        ws.last_strategy() != fiar::Strategy::Nccl) {
+      std::fprintf(stderr, "rank %d: %s call %d ran %s, not the NCCL route\n", boot.rank(),
+                   std::string(fiar::to_string(backend)).c_str(), it,
+                   std::string(fiar::to_string(ws.last_strategy())).c_str());
+      ++mismatches;
+    }
     fiar_tools::Check res;
     call.check(mem, boot.size(), it, res);
     mismatches += res.mismatches;
