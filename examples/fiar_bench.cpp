@@ -355,11 +355,21 @@ int plan(const Options& o, const fiar::Topology& topo) {
       fiar::version_string, world, fiar::arch_name(topo.arch).c_str(), o.sms, o.ranks_per_gpu, max_blocks);
   std::printf("#%12s %7s %7s %6s %-29s %-7s %-8s %-8s %-28s %7s %8s %8s\n", "size(B)", "tokens", "hidden", "dtype",
               "pattern", "backend", "strategy", "ran", "kernel", "blocks", "threads", "cluster");
+  const std::vector<Point> pts = points<T>(o, false);
   for (fiar::Backend b : backends_for(o, topo, true)) {
     for (Pattern p : o.patterns) {
-      for (const Point& pt : points<T>(o, false)) {
+      for (const Point& pt : pts) {
         const int vecs = static_cast<int>(static_cast<long long>(pt.hidden) * sizeof(T) / 16);
         const std::size_t bytes = static_cast<std::size_t>(pt.tokens) * pt.hidden * sizeof(T);
+        // The row of the strategy table the run's workspace resolves (its largest call decides the route).
+        std::size_t largest = 0;
+        for (const Point& q : pts) {
+          if (q.hidden == pt.hidden) largest = std::max(largest, std::size_t(q.tokens) * q.hidden * sizeof(T));
+        }
+        fiar::WorkspaceConfig cfg;
+        cfg.nccl_min_bytes = nccl_min_bytes_for(o, b, largest);
+        const fiar::StrategyThresholds row = fiar::strategy_thresholds(b, topo, cfg);
+        const bool route = world > 1 && row.nccl_min_bytes <= largest;
         for (Strategy s : strategies_for(o, b)) {
           Row r;
           r.size_bytes = static_cast<long long>(bytes);
@@ -379,15 +389,6 @@ int plan(const Options& o, const fiar::Topology& topo) {
               r.cluster = shape.cluster;
             }
           } else {
-            // The row of the strategy table the run's workspace resolves (its largest call decides the route).
-            std::size_t largest = 0;
-            for (const Point& q : points<T>(o, false)) {
-              if (q.hidden == pt.hidden) largest = std::max(largest, std::size_t(q.tokens) * q.hidden * sizeof(T));
-            }
-            fiar::WorkspaceConfig cfg;
-            cfg.nccl_min_bytes = nccl_min_bytes_for(o, b, largest);
-            const fiar::StrategyThresholds row = fiar::strategy_thresholds(b, topo, cfg);
-            const bool route = world > 1 && row.nccl_min_bytes <= largest;
             const Strategy ran = s != Strategy::Auto ? s
                                                      : fiar::choose_strategy(row, world, pt.tokens, bytes,
                                                                              b == fiar::Backend::Mnnvl, route);

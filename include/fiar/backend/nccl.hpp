@@ -72,13 +72,13 @@ class NcclWorkspaceBase {
   [[nodiscard]] const StrategyThresholds& strategy_thresholds() const { return thresholds_; }
   /// The nccl backend is NCCL: Strategy::Nccl always runs.
   [[nodiscard]] bool has_nccl_route() const { return true; }
-  [[nodiscard]] const std::string& nccl_route_reason() const { return no_reason_; }
-  static CreationExtras extras_of(const Topology& topo, const WorkspaceConfig& cfg, std::size_t buffer_words) {
-    return CreationExtras{buffer_words, fiar::strategy_thresholds(Backend::Nccl, topo, cfg), false};
+  [[nodiscard]] const std::string& nccl_route_reason() const {
+    static const std::string none;
+    return none;
   }
 
   /// Always Strategy::Auto: the nccl backend has no one-shot / two-shot choice of its own (NCCL picks its algorithm,
-  /// ring, tree or NVLS, inside ncclAllReduce). An explicit strategy is rejected by every call.
+  /// ring, tree or NVLS, inside ncclAllReduce). A forced strategy other than Nccl is rejected by every call.
   [[nodiscard]] Strategy strategy_for(int) const { return Strategy::Auto; }
   [[nodiscard]] Strategy last_strategy() const { return last_strategy_; }
   [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s) const {
@@ -95,6 +95,11 @@ class NcclWorkspaceBase {
   NcclWorkspaceBase(const typename Pf::Options& options, const Topology& topo, const WorkspaceConfig& cfg,
                     const CreationExtras& agreed)
       : platform_(options), topo_(topo), cfg_(cfg), thresholds_(agreed.thresholds) {}
+
+  /// The creation extras of both platforms: the nccl row of the strategy table, no Lamport strategies.
+  static CreationExtras extras_of(const Topology& topo, const WorkspaceConfig& cfg, std::size_t buffer_words) {
+    return CreationExtras{buffer_words, fiar::strategy_thresholds(Backend::Nccl, topo, cfg), false};
+  }
 
   static int vecs_per_token(int hidden_dim) {
     return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16);
@@ -117,7 +122,6 @@ class NcclWorkspaceBase {
   WorkspaceConfig cfg_;
   StrategyThresholds thresholds_;  ///< as agreed at creation (the nccl row, or the route's Lamport workspace's)
   Strategy last_strategy_ = Strategy::Auto;
-  std::string no_reason_;
 };
 
 template <ReduceType T, class Pf>
