@@ -5,6 +5,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -187,6 +188,27 @@ static_assert(std::same_as<decltype(WorkspaceConfig{}.multimem_min_bytes), std::
 static_assert(requires(const Workspace<NcclPolicy, float, CudaPlatform>& w) {
   { w.nccl_symmetric() } -> std::same_as<bool>;
   { w.nccl_classic_reason() } -> std::same_as<const std::string&>;
+});
+
+// One strategy table across backends, and the NCCL route of trtllm / mnnvl.
+static_assert(to_string(Strategy::Nccl) == "nccl" && is_valid(Strategy::Nccl) &&
+              never == std::numeric_limits<std::size_t>::max());
+static_assert(std::same_as<decltype(WorkspaceConfig{}.nccl_min_bytes), std::optional<std::size_t>> &&
+              std::same_as<decltype(WorkspaceConfig{}.nccl_symmetric_max_bytes), std::optional<std::size_t>>);
+static_assert(default_strategy_thresholds(Backend::Trtllm, 90, 8, Interconnect::NvLink).oneshot_max_bytes ==
+              default_oneshot_max_bytes(Backend::Trtllm, 90, 8));
+static_assert(
+    std::same_as<decltype(strategy_thresholds(Backend::Mnnvl, Topology{}, WorkspaceConfig{})), StrategyThresholds>);
+static_assert(choose_strategy(StrategyThresholds{.oneshot_max_bytes = 0, .nccl_min_bytes = 1}, 2, 2, 1, false, true) ==
+              Strategy::Nccl);
+static_assert(requires(const Workspace<TrtllmPolicy, float, HostPlatform>& w,
+                       const AnyWorkspace<float, HostPlatform>& a) {
+  { w.strategy_thresholds() } -> std::same_as<const StrategyThresholds&>;
+  { w.has_nccl_route() } -> std::same_as<bool>;
+  { w.nccl_route_reason() } -> std::same_as<const std::string&>;
+  { a.strategy_thresholds() } -> std::same_as<const StrategyThresholds&>;
+  { a.has_nccl_route() } -> std::same_as<bool>;
+  { a.nccl_route_reason() } -> std::same_as<const std::string&>;
 });
 
 // Log levels.
