@@ -10,6 +10,8 @@
 #pragma once
 
 #include "fiar.cuh"
+#include "fiar.hpp"
+#include "platform/cuda_launch.cuh"
 
 #if !defined(FIAR_INSTANTIATE_DTYPES)
 #define FIAR_INSTANTIATE_DTYPES FIAR_FOR_EACH_DTYPE

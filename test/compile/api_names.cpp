@@ -43,7 +43,7 @@ static_assert(requires(const Topology& t) {
 // Strategies, patterns, fusion.
 static_assert(to_string(Strategy::TwoShot) == "twoshot" &&
               to_string(Pattern::ResidualRmsNorm) == std::string_view("residual_rmsnorm"));
-static_assert(default_oneshot_max_bytes(90, 8) == 512 * 1024 &&
+static_assert(default_oneshot_max_bytes(90, 8) == 128 * 1024 &&
               default_oneshot_max_bytes(Backend::Mnnvl, 90, 8) == 131072);
 static_assert(choose_strategy(8, 16, 1 << 20, 1 << 19) == Strategy::TwoShot);
 static_assert(algo::nvfp4_scale_bytes(1, 64, ScaleLayout::Swizzled128x4) == 128 * 4);

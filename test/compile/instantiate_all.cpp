@@ -39,18 +39,19 @@ static_assert(fiar::AllreduceWorkspace<fiar::Workspace<fiar::TrtllmPolicy, float
 static_assert(fiar::AllreduceWorkspace<fiar::AnyWorkspace<__half, fiar::HostPlatform>>);
 
 // Launch shapes (exec::spread_shape): a cluster of up to 8 blocks per token at few tokens, at most the cap in all,
-// threads a multiple of 32 covering a cluster's share of a token (32..1024).
+// threads a multiple of 32 covering a cluster's share of a token (32..512, exec::kMaxSpreadThreads; a lane loops
+// beyond).
 static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).blocks == 1);
 static_assert(fiar::CudaPlatform::launch_shape(1, 1, 132).threads == 32);
-static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).blocks == 66);  // bf16, hidden 7168, 2 ranks per GPU
-static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).threads == 896);
+static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).blocks == 66);    // bf16, hidden 7168, 2 ranks per GPU
+static_assert(fiar::CudaPlatform::launch_shape(300, 896, 66).threads == 512);  // 2 vectors for some lanes
 static_assert(fiar::CudaPlatform::launch_shape(5, 40, 16).threads == 64);
 static_assert(fiar::CudaPlatform::launch_shape(5, 4096, 16) ==
               fiar::CudaLaunchShape{16, 512, 8});  // 2 clusters of 8 loop over 5 tokens
 static_assert(fiar::CudaPlatform::launch_shape(1, 1024, 16) ==
               fiar::CudaLaunchShape{8, 128, 8});  // 1 token x 8192 bf16, W = 8 on one GPU
 static_assert(fiar::CudaPlatform::launch_shape(1, 1024, 132) == fiar::CudaLaunchShape{8, 128, 8});
-static_assert(fiar::CudaPlatform::launch_shape(1000, 1024, 132) == fiar::CudaLaunchShape{132, 1024, 1});
+static_assert(fiar::CudaPlatform::launch_shape(1000, 1024, 132) == fiar::CudaLaunchShape{132, 512, 1});
 
 int gxx_cuda_platform_check();  // gxx_cuda_platform.cpp
 

@@ -2,7 +2,8 @@
 // Strategy::Multimem, the in-switch reduction of the mnnvl backend, on the host emulator (the emulated switch sums the
 // members in rank order in fp32): every pattern against the reference, bit-identical on every rank and with
 // one-shot there; sequences mixing it with the Lamport strategies (they share the rotating buffers) and changing
-// grids (the per-cluster barrier counters); a missing rank times out at the barrier; trtllm and nccl refuse it.
+// grids and ranks on different grids (the per-token barrier counters); a missing rank times out at the barrier; trtllm
+// and nccl refuse it.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>
 
@@ -148,4 +149,35 @@ TEST_CASE("multimem: WorkspaceConfig::multimem_min_bytes lets Auto take it from 
   other.multimem_min_bytes = 8 * row;
   CHECK_FALSE(fiar::config_can_serve(cfg, other));
   CHECK(fiar::config_can_serve(cfg, cfg));
+}
+
+// The barrier counters are one per token and a rank arrives once per token, so ranks whose grids differ (SM counts,
+// CudaPlatformOptions::max_blocks, ranks per GPU: here the emulator's blocks and clusters) still pair the same
+// arrivals. With counters per cluster index this returned wrong sums on one rank and timed out on the other.
+TEST_CASE("multimem: ranks with different grids pair their tokens (16 tokens, 2 vs 4 blocks, clusters 1 vs 2)",
+          "[multimem]") {
+  const int world = 2, tokens = 16, hidden = 256;
+  const fiar::WorkspaceConfig cfg{.max_token_num = tokens, .hidden_dim = hidden};
+  std::vector<fiar_test::Check<float>> checks(2);
+  auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    const fiar::HostPlatformOptions grid = rank == 0 ? fiar::HostPlatformOptions{.blocks = 2, .lanes = 8, .cluster = 1}
+                                                     : fiar::HostPlatformOptions{.blocks = 4, .lanes = 8, .cluster = 2};
+    fiar::Workspace<MnnvlPolicy, float, fiar::HostPlatform> ws(boot, one_node(world, rank), cfg, grid);
+    for (int call = 0; call < 4; ++call) {
+      const int n = call % 2 == 0 ? tokens : 5;
+      const std::size_t count = static_cast<std::size_t>(n) * hidden;
+      std::vector<std::vector<float>> inputs;
+      for (int r = 0; r < world; ++r) inputs.push_back(fiar_test::make_input<float>(count, r, call, true));
+      std::vector<float> out(count);
+      ws.allreduce(inputs[fiar_test::at(rank)].data(), out.data(), n, nullptr, Strategy::Multimem);
+      checks[fiar_test::at(rank)].compare(inputs, out, count, world);
+    }
+    ws.check();
+  });
+  fiar_test::require_no_errors(errors);
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK(checks[fiar_test::at(r)].mismatches == 0);
+    CHECK(checks[fiar_test::at(r)].out_of_bound == 0);
+  }
 }

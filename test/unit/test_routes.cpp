@@ -60,7 +60,7 @@ TEST_CASE("routes: the built-in table's rows", "[routes]") {
       for (int world = 1; world <= 72; ++world) {
         CAPTURE(fiar::to_string(b), arch, world);
         const StrategyThresholds nv = fiar::default_strategy_thresholds(b, arch, world, Interconnect::NvLink);
-        // The one-shot threshold is the table engines measured, unchanged.
+        // The one-shot threshold is default_oneshot_max_bytes (the model's crossover, scripts/model --table).
         CHECK(nv.oneshot_max_bytes == fiar::default_oneshot_max_bytes(b, arch, world));
         // The in-switch reduction stays off until measured.
         CHECK(nv.multimem_min_bytes == fiar::never);

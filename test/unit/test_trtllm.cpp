@@ -75,8 +75,8 @@ TEST_CASE("creation: the topology is checked before anything is allocated, on ev
 }
 
 TEST_CASE("strategy table and capacity", "[trtllm]") {
-  STATIC_REQUIRE(fiar::default_oneshot_max_bytes(90, 8) == 512 * 1024);
-  STATIC_REQUIRE(fiar::default_oneshot_max_bytes(100, 8) == 1024 * 1024);
+  STATIC_REQUIRE(fiar::default_oneshot_max_bytes(90, 8) == 128 * 1024);
+  STATIC_REQUIRE(fiar::default_oneshot_max_bytes(100, 8) == 256 * 1024);
   STATIC_REQUIRE(fiar::default_oneshot_max_bytes(90, 2) == 32 * 1024 * 1024);
   STATIC_REQUIRE(fiar::choose_strategy(8, 4, 1 << 30, 0) == Strategy::OneShot);    // fewer tokens than ranks
   STATIC_REQUIRE(fiar::choose_strategy(1, 100, 1 << 30, 0) == Strategy::OneShot);  // a single rank
@@ -87,7 +87,7 @@ TEST_CASE("strategy table and capacity", "[trtllm]") {
   const fiar::WorkspaceConfig cfg{.max_token_num = 64, .hidden_dim = 7168};
   const fiar::Topology t8 = one_node(8, 0, 90);
   const std::size_t row = 7168 * 2;
-  const std::size_t oneshot_tokens = std::min<std::size_t>(512 * 1024 / row, 64);  // 36
+  const std::size_t oneshot_tokens = std::min<std::size_t>(128 * 1024 / row, 64);  // 9
   const std::size_t expect = 3 * (8 * 16 + std::max(8 * oneshot_tokens * row, (8 * 8 + 64) * row));
   CHECK(HostWorkspace<__nv_bfloat16>::required_bytes(t8, cfg) == expect);
   CHECK(HostWorkspace<__nv_bfloat16>::can_implement(t8, cfg));

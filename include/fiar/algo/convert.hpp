@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -22,6 +23,16 @@ namespace algo {
 using exec::Vec16;
 
 /// x as fp32 (exact).
+/// a * b + c rounded once (fused multiply-add) on both machines: nvcc would contract `c += a * b` into an FFMA on
+/// the GPU while g++ rounds twice on x86-64, so the norm's sum of squares says which one it means.
+FIAR_HD inline float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 template <ReduceType T>
 FIAR_HD inline float to_float(T x) {
   if constexpr (std::is_same_v<T, float>) {

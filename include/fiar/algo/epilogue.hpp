@@ -129,30 +129,40 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
   const exec::TokenSplit split = exec::token_split(ctx);
   const int first = split.first_vec, step = split.vec_step;
   if constexpr (!kTraits.norm) {
+    FIAR_NO_UNROLL
     for (int v = first; v < vecs_per_token; v += step) store_row(out, token, vecs_per_token, v, fetch(v));
   } else {
-    // Residual add: y = T(sum + residual), the pre-norm output; sum of squares of the rounded y. The residual is
-    // loaded before the sum is fetched (which may wait), and a lane that owns one vector keeps its y in registers.
+    // Residual add: y = T(sum + residual), the pre-norm output; the sum of squares of the rounded y in the canonical
+    // order (exec::canonical_token_sum: per vector left to right, then a fixed tree over the token's vectors), so the
+    // norm's bits depend on hidden_dim and dtype alone, never on the launch shape or the batch. Lanes walk the token
+    // in runs of 32 consecutive vectors (a warp on the GPU: its lanes hold one chunk of the canonical sum). The
+    // residual is loaded before the sum is fetched (which may wait); a lane that owns one vector keeps y in registers.
     const bool single = first < vecs_per_token && first + step >= vecs_per_token;
+    const int sub = ctx.lane() % exec::kTokenSumChunk;
     Vec16 kept{};
-    float squares = 0.0f;
-    for (int v = first; v < vecs_per_token; v += step) {
-      const Vec16 rv = load_row(e.residual_in, token, vecs_per_token, v);
-      const Elems<T> a = unpack<T>(fetch(v));
-      const Elems<T> r = unpack<T>(rv);
-      Elems<T> y;
-      FIAR_UNROLL
-      for (int i = 0; i < kE; ++i) {
-        y.e[i] = from_float<T>(to_float(a.e[i]) + to_float(r.e[i]));
-        const float f = to_float(y.e[i]);
-        squares += f * f;
+    FIAR_NO_UNROLL
+    for (int v0 = first - sub; v0 < vecs_per_token; v0 += step) {
+      const int v = v0 + sub;
+      float squares = 0.0f;
+      if (v < vecs_per_token) {
+        const Vec16 rv = load_row(e.residual_in, token, vecs_per_token, v);
+        const Elems<T> a = unpack<T>(fetch(v));
+        const Elems<T> r = unpack<T>(rv);
+        Elems<T> y;
+        FIAR_UNROLL
+        for (int i = 0; i < kE; ++i) {
+          y.e[i] = from_float<T>(to_float(a.e[i]) + to_float(r.e[i]));
+          const float f = to_float(y.e[i]);
+          squares = fma_rn(f, f, squares);
+        }
+        kept = repack<T>(y);
+        store_row(e.residual_out, token, vecs_per_token, v, kept);
       }
-      kept = repack<T>(y);
-      store_row(e.residual_out, token, vecs_per_token, v, kept);
+      ctx.token_sum_add(v, squares);
     }
     auto y_of = [&](int v) { return single ? kept : load_row(e.residual_out, token, vecs_per_token, v); };
     const int hidden = vecs_per_token * kE;
-    const float s = 1.0f / sqrtf(ctx.cluster_sum(squares) / static_cast<float>(hidden) + e.eps);
+    const float s = 1.0f / sqrtf(ctx.token_sum(vecs_per_token) / static_cast<float>(hidden) + e.eps);
 
     if constexpr (kTraits.quant == Quant::None || kTraits.quant == Quant::Fp8Static) {
       const float inv_scale = kTraits.quant == Quant::Fp8Static ? 1.0f / *e.scale : 0.0f;

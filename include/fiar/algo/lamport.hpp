@@ -38,10 +38,10 @@ inline constexpr int kLamportBuffers = 3;
 
 /// Protocol state of one rank, in that rank's memory, advanced only by the kernels.
 struct LamportState {
-  std::uint32_t call;            ///< calls completed; the current buffer is call % 3
+  std::uint32_t call;            ///< calls completed (wraps at 2^32; names calls in digests and errors only)
   std::uint32_t dirty_words[3];  ///< words each buffer's last call wrote (cleared two calls later)
   std::uint32_t arrived;         ///< blocks of the running call that have finished
-  std::uint32_t reserved;
+  std::uint32_t buffer;          ///< the buffer the next call uses, 0 to 2 (not call % 3: 2^32 is 1 mod 3)
 };
 
 /// Where a kernel reports a failure; host-visible, read by Workspace::check().
@@ -55,6 +55,8 @@ struct ErrorRecord {
   std::uint32_t theirs[4];   ///< its digest (CallDigest words)
   std::uint32_t mine[4];     ///< this rank's digest
 };
+static_assert(offsetof(ErrorRecord, theirs) % 16 == 0 && offsetof(ErrorRecord, mine) % 16 == 0,
+              "the digests of a mismatch are stored 16 bytes at a time");
 inline constexpr std::uint32_t kErrorNone = 0;
 inline constexpr std::uint32_t kErrorTimeout = 1;
 inline constexpr std::uint32_t kErrorMismatch = 2;
@@ -106,21 +108,28 @@ namespace detail {
 
 using exec::Vec16;
 
-/// Loads a poll keeps in flight: W slots are read 4 at a time, then summed in rank order.
-inline constexpr int kPollsInFlight = 4;
+/// Loads a poll keeps in flight: the W slots of a vector are loaded kPollBatch at a time (all of them for W <= 8),
+/// and a batch is reissued whole while any word still holds the sentinel.
+inline constexpr int kPollBatch = 8;
 
+// The kernel's one system-scope fence, on its error path only: what this lane recorded (missing ranks, digests) is
+// visible to the host before the code that makes the host read it. Out of line, so the kernel holds one copy.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline void raise_code(Ctx& ctx, ErrorRecord* error, std::uint32_t code) {
-  ctx.fence_system();  // what was recorded before is visible before the code
+FIAR_NOINLINE FIAR_HD void raise_code(Ctx& ctx, ErrorRecord* error, std::uint32_t code) {
+  ctx.fence_system();
   ctx.fetch_or_relaxed(&error->code, code);
 }
 
+// Records that the ranks of `late` (bit i: rank r0 + i; r0 % 32 + the mask's width stays within one word: r0 is a
+// multiple of kPollBatch, or late is one bit) never delivered, and raises the timeout. Out of line: a kernel's hot
+// loop carries only the call.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline void record_timeout(Ctx& ctx, ErrorRecord* error, int peer, bool relayed, std::uint32_t call) {
+FIAR_NOINLINE FIAR_HD void record_timeout(Ctx& ctx, ErrorRecord* error, int r0, std::uint32_t late, bool relayed,
+                                          std::uint32_t call) {
   std::uint32_t* mask = relayed ? error->stalled : error->missing;
-  ctx.fetch_or_relaxed(mask + (peer >> 5), 1u << (peer & 31));
+  ctx.fetch_or_relaxed(mask + (r0 >> 5), late << (r0 & 31));
   ctx.store_relaxed(&error->call, call);
   raise_code(ctx, error, kErrorTimeout);
 }
@@ -128,15 +137,11 @@ FIAR_HD inline void record_timeout(Ctx& ctx, ErrorRecord* error, int peer, bool 
 // The first lane to see a mismatch records both digests; every lane that sees one stops trusting the call.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline void record_mismatch(Ctx& ctx, ErrorRecord* error, int peer, const Vec16& theirs, const Vec16& mine) {
-  if (ctx.fetch_add_acq_rel(&error->claim, 1u) != 0) return;
+FIAR_NOINLINE FIAR_HD void record_mismatch(Ctx& ctx, ErrorRecord* error, int peer, Vec16 theirs, Vec16 mine) {
+  if (ctx.fetch_add_relaxed(&error->claim, 1u) != 0) return;  // picks the one writer; raise_code orders the rest
   ctx.store_relaxed(&error->peer, static_cast<std::uint32_t>(peer));
-  const std::uint32_t t[4] = {theirs.x, theirs.y, theirs.z, theirs.w};
-  const std::uint32_t m[4] = {mine.x, mine.y, mine.z, mine.w};
-  for (int i = 0; i < 4; ++i) {
-    ctx.store_relaxed(&error->theirs[i], t[i]);
-    ctx.store_relaxed(&error->mine[i], m[i]);
-  }
+  ctx.store16(error->theirs, theirs);  // 16-byte aligned (ErrorRecord's static_assert)
+  ctx.store16(error->mine, mine);
   raise_code(ctx, error, kErrorMismatch);
 }
 
@@ -147,86 +152,119 @@ struct PollSite {
   std::uint32_t call;
 };
 
-// Waits for one Vec16 of this rank's buffer whose first load `v` still held the sentinel, until no word is the
-// sentinel, or the deadline passes (then records it and returns false). `peer` sent it; `relayed` when peer only
-// forwards a result it reduced (two-shot), so its lateness may be another's.
+// Whether a wait should end now: the call already failed here (deadline 0), another lane of this rank saw a
+// mismatch (its data may never come), or the deadline passed.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline bool wait_for(Ctx& ctx, const std::uint32_t* p, Vec16& v, const PollSite& site, int peer, bool relayed) {
-  while (exec::has_sentinel(v)) {
-    if (site.deadline == 0) return false;
-    if (ctx.now_ns() > site.deadline) {
-      record_timeout(ctx, site.error, peer, relayed, site.call);
-      return false;
-    }
-    ctx.pause();
-    v = ctx.load16(p);
-  }
-  return true;
+FIAR_HD inline bool give_up(Ctx& ctx, const PollSite& site, bool& timed_out) {
+  if (site.deadline == 0) return true;
+  if ((ctx.load_relaxed(&site.error->code) & kErrorMismatch) != 0) return true;
+  timed_out = ctx.now_ns() > site.deadline;
+  return timed_out;
 }
 
+// One 16-byte word of this rank's buffer, polled until no word is the sentinel; `peer` sent it (`relayed`: it only
+// forwards a result it reduced, two-shot). Returns false when the wait ended without it (recorded at the deadline).
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, const PollSite& site, int peer, bool relayed) {
   Vec16 v = ctx.load16(p);
-  if (exec::has_sentinel(v)) wait_for(ctx, p, v, site, peer, relayed);  // a timeout is in the error record
+  while (exec::has_sentinel(v)) {
+    bool timed_out = false;
+    if (give_up(ctx, site, timed_out)) {
+      if (timed_out) record_timeout(ctx, site.error, peer, 1u, relayed, site.call);
+      break;
+    }
+    ctx.pause();
+    v = ctx.load16(p);
+  }
   return v;
 }
 
-// Waits until none of the n slots `first + i * stride` (i < n) of this rank's buffer holds the sentinel, one after
-// the other (the slow path of a batch: nothing is kept in registers, so the batch is simply loaded again after it).
-FIAR_EXEC_CHECK_DISABLE
-template <class Ctx>
-FIAR_HD inline bool wait_for_batch(Ctx& ctx, const std::uint32_t* first, std::size_t stride, int r0, int n,
-                                   const PollSite& site) {
-  bool ok = true;
-  FIAR_NO_UNROLL
-  for (int i = 0; i < n; ++i) {
-    const std::uint32_t* at = first + static_cast<std::size_t>(r0 + i) * stride;
-    Vec16 v = ctx.load16(at);
-    ok = wait_for(ctx, at, v, site, r0 + i, false) && ok;
-  }
-  return ok;
-}
-
-// Loads the batch of slots r0 .. r0 + kPollsInFlight - 1 (those below world) back to back.
-FIAR_EXEC_CHECK_DISABLE
-template <class Ctx>
-FIAR_HD inline bool load_batch(Ctx& ctx, const std::uint32_t* first, std::size_t stride, int r0, int world,
-                               Vec16 (&y)[kPollsInFlight]) {
-  bool late = false;
+// Bit i set: slot i of the batch holds a sentinel word.
+FIAR_HD inline std::uint32_t late_mask(const Vec16 (&y)[kPollBatch], int n) {
+  std::uint32_t late = 0;
   FIAR_UNROLL
-  for (int i = 0; i < kPollsInFlight; ++i) {
-    y[i] = r0 + i < world ? ctx.load16(first + static_cast<std::size_t>(r0 + i) * stride) : Vec16{0, 0, 0, 0};
-  }
-  FIAR_UNROLL
-  for (int i = 0; i < kPollsInFlight; ++i) late = late || exec::has_sentinel(y[i]);
+  for (int i = 0; i < kPollBatch; ++i) late |= (i < n && exec::has_sentinel(y[i]) ? 1u : 0u) << i;
   return late;
 }
 
-// The sum, in rank order in fp32, of the W slots `first + r * stride` (r = 0 .. W-1) of this rank's buffer, polled
-// kPollsInFlight at a time. `ok` turns false when one of them did not arrive.
+// A digest one lane checks along with its first data batch: its slot in the header, the value, the rank that sent it.
+struct DigestCheck {
+  const std::uint32_t* at;  ///< null: nothing (more) to check
+  Vec16 value;
+  int rank;
+};
+
+// Compares a digest that arrived with this rank's own; a mismatch is recorded (out of line) and fails the call here.
+FIAR_EXEC_CHECK_DISABLE
+template <class Ctx>
+FIAR_HD inline bool digest_matches(Ctx& ctx, ErrorRecord* error, const DigestCheck& d, const Vec16& mine) {
+  if (d.value.x == mine.x && d.value.y == mine.y && d.value.z == mine.z && d.value.w == mine.w) return true;
+  record_mismatch(ctx, error, d.rank, d.value, mine);
+  return false;
+}
+
+// The sum, in rank order in fp32, of the W slots `first + r * stride` (r = 0 .. W-1) of this rank's buffer. A batch of
+// kPollBatch loads is issued back to back and reissued whole while any of its words holds the sentinel, so after the
+// last peer's data lands one round trip follows. `digest` (if set) is loaded in the first batch too and compared
+// when that batch is complete: a lane's digest check costs no round trip of its own. `ok` turns false when a slot
+// did not arrive or the digest differs; at the deadline every rank still missing in the call is named.
 FIAR_EXEC_CHECK_DISABLE
 template <ReduceType T, class Ctx>
-FIAR_HD inline FloatPack<T> reduce_slots(Ctx& ctx, const std::uint32_t* first, std::size_t stride, int world,
-                                         const PollSite& site, bool& ok) {
+FIAR_HD inline FloatPack<T> reduce_slots(Ctx& ctx, const std::uint32_t* first, std::uint32_t stride, int world,
+                                         const PollSite& site, bool& ok, DigestCheck& digest, const Vec16& mine) {
   FloatPack<T> acc{};
-  for (int r0 = 0; r0 < world; r0 += kPollsInFlight) {
-    Vec16 y[kPollsInFlight];
-    if (load_batch(ctx, first, stride, r0, world, y)) {
-      const int n = world - r0 < kPollsInFlight ? world - r0 : kPollsInFlight;
-      ok = wait_for_batch(ctx, first, stride, r0, n, site) && ok;
-      load_batch(ctx, first, stride, r0, world, y);
+  // 0: waiting; 1: a wait timed out (later batches are read once and what is late is named); 2: gave up silently.
+  int gave_up = 0;
+  FIAR_NO_UNROLL
+  for (int r0 = 0; r0 < world; r0 += kPollBatch) {
+    const int n = world - r0 < kPollBatch ? world - r0 : kPollBatch;
+    Vec16 y[kPollBatch];
+    std::uint32_t late = 0;
+    bool digest_late = false;
+    for (;;) {  // the batch (and a pending digest) loaded together, again after each back-off
+      FIAR_UNROLL
+      for (int i = 0; i < kPollBatch; ++i) {
+        y[i] = i < n ? ctx.load16(first + static_cast<std::uint32_t>(r0 + i) * stride) : Vec16{0, 0, 0, 0};
+      }
+      if (digest.at != nullptr) digest.value = ctx.load16(digest.at);
+      late = late_mask(y, n);
+      digest_late = digest.at != nullptr && exec::has_sentinel(digest.value);
+      if (digest.at != nullptr && !digest_late) {
+        // Compared as soon as it is here, data or not: a differing call may never send the data this lane waits for.
+        if (!digest_matches(ctx, site.error, digest, mine)) {
+          ok = false;
+          gave_up = 2;
+        }
+        digest.at = nullptr;
+      }
+      if ((late == 0 && !digest_late) || gave_up != 0) break;
+      bool timed_out = false;
+      if (give_up(ctx, site, timed_out)) {
+        gave_up = timed_out ? 1 : 2;
+        break;
+      }
+      ctx.pause();
     }
-    FIAR_UNROLL
-    for (int i = 0; i < kPollsInFlight; ++i) {
-      if (r0 + i < world) unpack_add<T>(y[i], acc);
+    if (late != 0 || digest_late) {
+      ok = false;
+      if (gave_up == 1) {
+        if (late != 0) record_timeout(ctx, site.error, r0, late, false, site.call);
+        if (digest_late) record_timeout(ctx, site.error, digest.rank, 1u, false, site.call);
+      }
+      digest.at = nullptr;
     }
+    FIAR_UNROLL  // slots past the last rank hold +0 (the sum never is -0: inputs are sanitized), so all add
+        for (int i = 0; i < kPollBatch; ++i) unpack_add<T>(y[i], acc);
   }
   return acc;
 }
 
-// Overwrites the first `words` words of a buffer with the sentinel, spread over every lane of the grid.
+// Overwrites the first `words` words of a buffer with the sentinel, spread over every lane of the grid, with plain
+// (weak) stores and no fence: nobody reads or writes this buffer in this call, and peers write it again only after
+// this rank's next call has pushed (which they must see first), behind this kernel's end and the next one's
+// griddepcontrol.wait.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline void clear(Ctx& ctx, std::uint32_t* buffer, std::size_t words) {
@@ -235,47 +273,61 @@ FIAR_HD inline void clear(Ctx& ctx, std::uint32_t* buffer, std::size_t words) {
   std::size_t i = (static_cast<std::size_t>(ctx.block()) * static_cast<std::size_t>(ctx.lanes()) +
                    static_cast<std::size_t>(ctx.lane())) *
                   fiar::exec::kWordsPerVec;
-  for (; i < words; i += stride) ctx.store16(buffer + i, exec::sentinel_vec());
+  FIAR_NO_UNROLL
+  for (; i < words; i += stride) ctx.store16_weak(buffer + i, exec::sentinel_vec());
 }
 
-// Clears the previous call's buffer, then one lane per block fences at system scope: with the block
-// barrier, that orders every lane's clearing before this rank's next push, which peers must observe
-// before they write into the cleared buffer again.
+// Where a call stands, read once at its start: its deadline, its number, the buffer it writes into (index and word
+// offset), the one it clears (the previous call's), and its digest.
+struct CallFrame {
+  std::uint64_t deadline;
+  std::uint32_t call;
+  std::uint32_t buffer;  ///< 0 to 2
+  std::uint32_t cur;     ///< word offsets in the region: 32 bits (the backend keeps the region below 2^32 words)
+  std::uint32_t prev;
+  std::uint32_t prev_buffer;
+  Vec16 digest;
+};
+
+// Clears what the previous call wrote into this rank's buffer (peers write it again two calls from now).
 FIAR_EXEC_CHECK_DISABLE
 template <ReduceType T, class Ctx>
-FIAR_HD inline void clear_previous(Ctx& ctx, const LamportParams<T>& p, std::uint32_t call, std::size_t prev) {
-  clear(ctx, p.buffers[p.rank] + prev, ctx.load_relaxed(&p.state->dirty_words[(call + 2) % kLamportBuffers]));
-  ctx.sync();
-  if (ctx.lane() == 0) ctx.fence_system();
+FIAR_HD inline void clear_previous(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
+  clear(ctx, p.buffers[p.rank] + f.prev, ctx.load_relaxed(&p.state->dirty_words[f.prev_buffer]));
 }
 
-// The last block to finish publishes the next state: buffer rotation and the size to clear.
+// The last block to finish publishes the next state: the buffer rotation, the call number and the size to clear.
+// Relaxed: no peer reads the state, and this rank's next kernel reads it after griddepcontrol.wait, which orders it
+// after this grid's completion.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline void finish_call(Ctx& ctx, LamportState* state, std::uint32_t call, std::uint32_t used_words) {
+FIAR_HD inline void finish_call(Ctx& ctx, LamportState* state, const CallFrame& f, std::uint32_t used_words) {
   ctx.sync();
   if (ctx.lane() == 0) {
-    const std::uint32_t before = ctx.fetch_add_acq_rel(&state->arrived, 1u);
+    const std::uint32_t before = ctx.fetch_add_relaxed(&state->arrived, 1u);
     if (before + 1 == static_cast<std::uint32_t>(ctx.blocks())) {
-      ctx.store_relaxed(&state->dirty_words[call % kLamportBuffers], used_words);
+      ctx.store_relaxed(&state->dirty_words[f.buffer], used_words);
       ctx.store_relaxed(&state->arrived, 0u);
-      ctx.store_release(&state->call, call + 1);
+      ctx.store_relaxed(&state->buffer, f.buffer + 1 == kLamportBuffers ? 0u : f.buffer + 1);
+      ctx.store_relaxed(&state->call, f.call + 1);
     }
   }
 }
 
-// Stores v at word `offset` of every rank's region: through the multicast mapping (one store), or one
-// unicast store per rank, starting with the next rank to spread the traffic.
+// Stores v at word `offset` of every rank's region: through the multicast mapping (one store), or one unicast store
+// per rank in rank order (the first kPollBatch unrolled, so each buffer pointer is a constant-bank operand).
 FIAR_EXEC_CHECK_DISABLE
 template <Transport X, ReduceType T, class Ctx>
-FIAR_HD inline void store_to_all(Ctx& ctx, const LamportParams<T>& p, std::size_t offset, const Vec16& v) {
+FIAR_HD inline void store_to_all(Ctx& ctx, const LamportParams<T>& p, std::uint32_t offset, const Vec16& v) {
   if constexpr (X == Transport::Multicast) {
     ctx.multicast_store16(p.multicast, offset, v);
   } else {
-    for (int i = 0; i < p.world_size; ++i) {
-      const int r = (p.rank + 1 + i) % p.world_size;
-      ctx.store16(p.buffers[r] + offset, v);
+    FIAR_UNROLL
+    for (int r = 0; r < kPollBatch; ++r) {
+      if (r < p.world_size) ctx.store16(p.buffers[r] + offset, v);
     }
+    FIAR_NO_UNROLL
+    for (int r = kPollBatch; r < p.world_size; ++r) ctx.store16(p.buffers[r] + offset, v);
   }
 }
 
@@ -285,25 +337,18 @@ FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
   return exec::sanitize<sizeof(T)>(row[vec]);
 }
 
-// Where a call stands, read once at its start: its deadline, its number, the word offsets of the buffer it
-// writes into (current) and of the one it clears (previous), and its digest.
-struct CallFrame {
-  std::uint64_t deadline;
-  std::uint32_t call;
-  std::size_t cur;
-  std::size_t prev;
-  Vec16 digest;
-};
-
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportParams<T>& p, std::uint32_t strategy) {
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
-  const std::uint32_t call = ctx.load_acquire(&p.state->call);
+  // Relaxed: written by this rank's previous kernel, which griddepcontrol.wait has seen complete.
+  const std::uint32_t call = ctx.load_relaxed(&p.state->call);
+  const std::uint32_t buffer = ctx.load_relaxed(&p.state->buffer);
+  const std::uint32_t prev = buffer == 0 ? kLamportBuffers - 1 : buffer - 1;
   const Vec16 digest{call & 0x7fffffffu, static_cast<std::uint32_t>(p.num_tokens), static_cast<std::uint32_t>(P),
                      strategy};
-  return CallFrame{deadline, call, (call % kLamportBuffers) * p.buffer_words,
-                   ((call + kLamportBuffers - 1) % kLamportBuffers) * p.buffer_words, digest};
+  const auto words = static_cast<std::uint32_t>(p.buffer_words);
+  return CallFrame{deadline, call, buffer, buffer * words, prev * words, prev, digest};
 }
 
 // Pushes this rank's digest into slot [rank] of every rank's header (one lane of the grid does it).
@@ -311,35 +356,66 @@ FIAR_EXEC_CHECK_DISABLE
 template <Transport X, ReduceType T, class Ctx>
 FIAR_HD inline void push_digest(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
   if (p.verify && ctx.block() == 0 && ctx.lane() == 0) {
-    store_to_all<X>(ctx, p, f.cur + static_cast<std::size_t>(p.rank) * exec::kWordsPerVec, f.digest);
+    const std::uint32_t at = f.cur + static_cast<std::uint32_t>(p.rank) * exec::kWordsPerVec;
+    if constexpr (X == Transport::Multicast) {
+      ctx.multicast_store16(p.multicast, at, f.digest);
+    } else {
+      FIAR_NO_UNROLL
+      for (int r = 0; r < p.world_size; ++r) ctx.store16(p.buffers[r] + at, f.digest);
+    }
   }
 }
 
-// Every lane reads the W digests of its buffer's header (kPollsInFlight at a time) and compares them with its own.
-// Returns the site its polls use: failed (deadline 0) after a mismatch or a digest that never came, so that no wait
-// follows and nothing it reduces is passed on. Every lane of a rank reads the same digests.
+// The digest this lane checks first (lane g of the grid checks rank g, then g + grid lanes, ...), or none.
+FIAR_EXEC_CHECK_DISABLE
+template <ReduceType T, class Ctx>
+FIAR_HD inline DigestCheck first_digest(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
+  const int g = ctx.block() * ctx.lanes() + ctx.lane();
+  if (!p.verify || g >= p.world_size) return DigestCheck{nullptr, Vec16{0, 0, 0, 0}, 0};
+  return DigestCheck{p.buffers[p.rank] + f.cur + static_cast<std::uint32_t>(g) * exec::kWordsPerVec, Vec16{0, 0, 0, 0},
+                     g};
+}
+
+// The digests this lane checks that no data batch carried (a lane without data, or more ranks than grid lanes):
+// polled one by one. Out of line: at decode sizes every checking lane has data, so this is a cold path.
+FIAR_EXEC_CHECK_DISABLE
+template <ReduceType T, class Ctx>
+FIAR_NOINLINE FIAR_HD void check_remaining_digests(Ctx& ctx, const LamportParams<T>& p, std::uint32_t cur, Vec16 mine,
+                                                   PollSite site, bool pending) {
+  const int lanes = ctx.blocks() * ctx.lanes();
+  const int g = ctx.block() * ctx.lanes() + ctx.lane();
+  FIAR_NO_UNROLL
+  for (int r = pending ? g : g + lanes; r < p.world_size; r += lanes) {
+    const std::uint32_t* at = p.buffers[p.rank] + cur + static_cast<std::uint32_t>(r) * exec::kWordsPerVec;
+    const Vec16 d = poll(ctx, at, site, r, false);
+    if (!exec::has_sentinel(d)) digest_matches(ctx, site.error, DigestCheck{at, d, r}, mine);
+  }
+}
+
+// Whether this lane has digests left to check after its data (see check_remaining_digests).
+FIAR_EXEC_CHECK_DISABLE
+template <ReduceType T, class Ctx>
+FIAR_HD inline void finish_digests(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f, const PollSite& site,
+                                   const DigestCheck& pending) {
+  if (p.verify && (pending.at != nullptr || p.world_size > ctx.blocks() * ctx.lanes())) {
+    check_remaining_digests(ctx, p, f.cur, f.digest, site, pending.at != nullptr);
+  }
+}
+
+// Every lane reads all W digests of its buffer's header and compares them with its own (the in-switch reduction,
+// whose barriers must not start on a mismatch). Returns the site its waits use: failed (deadline 0) after a mismatch
+// or a digest that never came, so that no wait follows.
 FIAR_EXEC_CHECK_DISABLE
 template <ReduceType T, class Ctx>
 FIAR_HD inline PollSite check_digests(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
   PollSite site{f.deadline, p.error, f.call};
   if (!p.verify) return site;
-  const std::uint32_t* header = p.buffers[p.rank] + f.cur;
   bool ok = true;
-  for (int r0 = 0; r0 < p.world_size && ok; r0 += kPollsInFlight) {
-    Vec16 d[kPollsInFlight];
-    if (load_batch(ctx, header, exec::kWordsPerVec, r0, p.world_size, d)) {
-      const int n = p.world_size - r0 < kPollsInFlight ? p.world_size - r0 : kPollsInFlight;
-      ok = wait_for_batch(ctx, header, exec::kWordsPerVec, r0, n, site);
-      load_batch(ctx, header, exec::kWordsPerVec, r0, p.world_size, d);
-    }
-    FIAR_UNROLL
-    for (int i = 0; i < kPollsInFlight; ++i) {
-      if (ok && r0 + i < p.world_size &&
-          (d[i].x != f.digest.x || d[i].y != f.digest.y || d[i].z != f.digest.z || d[i].w != f.digest.w)) {
-        record_mismatch(ctx, p.error, r0 + i, d[i], f.digest);
-        ok = false;
-      }
-    }
+  FIAR_NO_UNROLL
+  for (int r = 0; r < p.world_size && ok; ++r) {
+    const std::uint32_t* at = p.buffers[p.rank] + f.cur + static_cast<std::uint32_t>(r) * exec::kWordsPerVec;
+    const Vec16 d = poll(ctx, at, site, r, false);
+    ok = !exec::has_sentinel(d) && digest_matches(ctx, site.error, DigestCheck{at, d, r}, f.digest);
   }
   if (!ok) site.deadline = 0;
   return site;
@@ -349,103 +425,143 @@ FIAR_HD inline PollSite check_digests(Ctx& ctx, const LamportParams<T>& p, const
 
 /// Lamport one-shot. Each rank stores its digest into slot [rank] of every rank's header, and its input into slot
 /// [rank] of every rank's current buffer (W unicast stores, or one multicast store); it clears the buffer of the
-/// previous call, checks the W digests, then polls the W slots of its own buffer and sums them in rank order in
-/// fp32. Buffer layout: header [source rank], then [source rank][token][vector]. A token is reduced by one cluster.
+/// previous call, then polls the W slots of its own buffer (with one digest per lane of the first W lanes in the
+/// same batch) and sums them in rank order in fp32. Buffer layout: header [source rank], then
+/// [source rank][token][vector]. A token is reduced by one cluster; each lane pushes exactly the vectors it polls.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail;
   const CallFrame f = begin_call<P>(ctx, p, kDigestOneShot);
-  const std::size_t vecs = static_cast<std::size_t>(p.vecs_per_token);
-  const std::size_t data = f.cur + header_words(p.world_size);
-  const std::size_t rank_stride = static_cast<std::size_t>(p.num_tokens) * vecs * fiar::exec::kWordsPerVec;
+  const auto vecs = static_cast<std::uint32_t>(p.vecs_per_token);
+  const std::uint32_t data = f.cur + static_cast<std::uint32_t>(header_words(p.world_size));
+  const std::uint32_t rank_stride = static_cast<std::uint32_t>(p.num_tokens) * vecs * fiar::exec::kWordsPerVec;
   auto slot = [&](int source, int token, int vec) {
-    return data + static_cast<std::size_t>(source) * rank_stride +
-           (static_cast<std::size_t>(token) * vecs + vec) * fiar::exec::kWordsPerVec;
+    return data + static_cast<std::uint32_t>(source) * rank_stride +
+           (static_cast<std::uint32_t>(token) * vecs + static_cast<std::uint32_t>(vec)) * fiar::exec::kWordsPerVec;
   };
+  const exec::TokenSplit split = exec::token_split(ctx);
 
-  // 1. Push this rank's digest and input to every rank, spread over every lane of the grid.
+  // 1. Push this rank's digest and input to every rank: each lane the vectors it will reduce.
   push_digest<X>(ctx, p, f);
-  const int total = p.num_tokens * p.vecs_per_token;
-  for (int i = ctx.block() * ctx.lanes() + ctx.lane(); i < total; i += ctx.blocks() * ctx.lanes()) {
-    const int t = i / p.vecs_per_token, v = i % p.vecs_per_token;
-    store_to_all<X>(ctx, p, slot(p.rank, t, v), load_input(p, t, v));
+  FIAR_NO_UNROLL
+  for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
+    FIAR_NO_UNROLL
+    for (int v = split.first_vec; v < p.vecs_per_token; v += split.vec_step) {
+      store_to_all<X>(ctx, p, slot(p.rank, t, v), load_input(p, t, v));
+    }
   }
 
-  // 2. Clear what the previous call wrote into this rank's buffer; peers write it again two calls from now.
-  clear_previous(ctx, p, f.call, f.prev);
+  // 2. Clear what the previous call wrote into this rank's buffer.
+  clear_previous(ctx, p, f);
 
-  // 3. Check the digests, poll and reduce in rank order (identical bits on every rank), then the epilogue.
-  const PollSite site = check_digests(ctx, p, f);
-  const exec::TokenSplit split = exec::token_split(ctx);
+  // 3. Poll and reduce in rank order (identical bits on every rank), the first batch carrying this lane's digest
+  //    check, then the epilogue.
+  const PollSite site{f.deadline, p.error, f.call};
+  DigestCheck digest = first_digest(ctx, p, f);
+  FIAR_NO_UNROLL
   for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
     finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [&](int v) {
       bool ok = true;
-      const FloatPack<T> acc =
-          reduce_slots<T>(ctx, p.buffers[p.rank] + slot(0, t, v), rank_stride, p.world_size, site, ok);
+      const FloatPack<T> acc = reduce_slots<T>(ctx, p.buffers[p.rank] + slot(0, t, v), rank_stride, p.world_size, site,
+                                               ok, digest, f.digest);
       return exec::sanitize<sizeof(T)>(pack<T>(acc));
     });
   }
+  finish_digests(ctx, p, f, site, digest);
   finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
-  finish_call(ctx, p.state, f.call,
+  finish_call(ctx, p.state, f,
               static_cast<std::uint32_t>(header_words(p.world_size) +
                                          oneshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
 }
 
 /// Lamport two-shot. Tokens are split into W contiguous chunks; rank o owns chunk o. Each rank stores its digest
-/// into every rank's header and its input for a token into the owner's scatter area (unicast); the owner checks the
-/// digests, polls its W slots, sums them in rank order in fp32 and stores the rounded result into every rank's
-/// gather area (W unicast stores, or one multicast store), spread over every lane of its grid; every rank polls its
-/// gather area. An owner that is missing a contribution (or saw a mismatch) broadcasts nothing for it, so a late
-/// rank waits and fails instead of taking a partial sum. Results are bit-identical to one-shot. Buffer layout:
-/// header [source], scatter [source][chunk token][vector], then gather [token][vector].
+/// into every rank's header and its input for a token into the owner's scatter area (unicast); the owner polls its W
+/// slots (the first W lanes checking one digest each in the same batch), sums them in rank order in fp32 and stores
+/// the rounded result into every rank's gather area (W unicast stores, or one multicast store), spread over every
+/// lane of its grid; every rank polls its gather area. An owner that is missing a contribution (or saw a mismatch)
+/// broadcasts nothing for it, so a late rank waits and fails instead of taking a partial sum. Results are
+/// bit-identical to one-shot. Buffer layout: header [source], scatter [source][chunk token][vector], then gather
+/// [token][vector].
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail;
   const CallFrame f = begin_call<P>(ctx, p, kDigestTwoShot);
-  const std::size_t vecs = static_cast<std::size_t>(p.vecs_per_token);
+  const auto vecs = static_cast<std::uint32_t>(p.vecs_per_token);
   const int chunk = twoshot_chunk(p.world_size, p.num_tokens);
-  const std::size_t scatter_base = f.cur + header_words(p.world_size);
-  const std::size_t rank_stride = static_cast<std::size_t>(chunk) * vecs * fiar::exec::kWordsPerVec;
-  const std::size_t gather_base = scatter_base + static_cast<std::size_t>(p.world_size) * rank_stride;
+  const std::uint32_t scatter_base = f.cur + static_cast<std::uint32_t>(header_words(p.world_size));
+  const std::uint32_t rank_stride = static_cast<std::uint32_t>(chunk) * vecs * fiar::exec::kWordsPerVec;
+  const std::uint32_t gather_base = scatter_base + static_cast<std::uint32_t>(p.world_size) * rank_stride;
   auto scatter_slot = [&](int source, int local_token, int vec) {
-    return scatter_base + static_cast<std::size_t>(source) * rank_stride +
-           (static_cast<std::size_t>(local_token) * vecs + vec) * fiar::exec::kWordsPerVec;
+    return scatter_base + static_cast<std::uint32_t>(source) * rank_stride +
+           (static_cast<std::uint32_t>(local_token) * vecs + static_cast<std::uint32_t>(vec)) *
+               fiar::exec::kWordsPerVec;
   };
   auto gather_slot = [&](int token, int vec) {
-    return gather_base + (static_cast<std::size_t>(token) * vecs + vec) * fiar::exec::kWordsPerVec;
+    return gather_base +
+           (static_cast<std::uint32_t>(token) * vecs + static_cast<std::uint32_t>(vec)) * fiar::exec::kWordsPerVec;
   };
   const int lane_id = ctx.block() * ctx.lanes() + ctx.lane();
   const int grid_lanes = ctx.blocks() * ctx.lanes();
 
-  // 1. Scatter: the digest to every rank, each token's input to its owner.
+  // 1. Scatter: the digest to every rank, each token's input to its owner (owner and token walked without division).
   push_digest<X>(ctx, p, f);
   const int total = p.num_tokens * p.vecs_per_token;
-  for (int i = lane_id; i < total; i += grid_lanes) {
-    const int t = i / p.vecs_per_token, v = i % p.vecs_per_token;
-    const int owner = t / chunk;
-    ctx.store16(p.buffers[owner] + scatter_slot(p.rank, t - owner * chunk, v), load_input(p, t, v));
+  {
+    int t = lane_id / p.vecs_per_token, v = lane_id - t * p.vecs_per_token;
+    const int dt = grid_lanes / p.vecs_per_token, dv = grid_lanes - dt * p.vecs_per_token;
+    int owner = t / chunk, local = t - owner * chunk;
+    FIAR_NO_UNROLL
+    for (int i = lane_id; i < total; i += grid_lanes) {
+      ctx.store16(p.buffers[owner] + scatter_slot(p.rank, local, v), load_input(p, t, v));
+      v += dv;
+      t += dt;
+      local += dt;
+      if (v >= p.vecs_per_token) {
+        v -= p.vecs_per_token;
+        ++t;
+        ++local;
+      }
+      while (local >= chunk) {
+        local -= chunk;
+        ++owner;
+      }
+    }
   }
 
   // 2. Clear the previous call's buffer.
-  clear_previous(ctx, p, f.call, f.prev);
+  clear_previous(ctx, p, f);
 
-  // 3. Check the digests; reduce the owned chunk over every lane of the grid and broadcast what arrived whole.
-  const PollSite site = check_digests(ctx, p, f);
+  // 3. Reduce the owned chunk over every lane of the grid and broadcast what arrived whole (the first batch of the
+  //    first W lanes carrying their digest checks).
+  const PollSite site{f.deadline, p.error, f.call};
+  DigestCheck digest = first_digest(ctx, p, f);
   const int first = p.rank * chunk;
   const int owned = first >= p.num_tokens ? 0 : (first + chunk <= p.num_tokens ? chunk : p.num_tokens - first);
-  for (int i = lane_id; i < owned * p.vecs_per_token; i += grid_lanes) {
-    const int lt = i / p.vecs_per_token, v = i % p.vecs_per_token;
-    bool ok = true;
-    const FloatPack<T> acc =
-        reduce_slots<T>(ctx, p.buffers[p.rank] + scatter_slot(0, lt, v), rank_stride, p.world_size, site, ok);
-    if (ok) store_to_all<X>(ctx, p, gather_slot(first + lt, v), exec::sanitize<sizeof(T)>(pack<T>(acc)));
+  {
+    int lt = lane_id / p.vecs_per_token, v = lane_id - lt * p.vecs_per_token;
+    const int dt = grid_lanes / p.vecs_per_token, dv = grid_lanes - dt * p.vecs_per_token;
+    FIAR_NO_UNROLL
+    for (int i = lane_id; i < owned * p.vecs_per_token; i += grid_lanes) {
+      bool ok = true;
+      const FloatPack<T> acc = reduce_slots<T>(ctx, p.buffers[p.rank] + scatter_slot(0, lt, v), rank_stride,
+                                               p.world_size, site, ok, digest, f.digest);
+      if (ok) store_to_all<X>(ctx, p, gather_slot(first + lt, v), exec::sanitize<sizeof(T)>(pack<T>(acc)));
+      v += dv;
+      lt += dt;
+      if (v >= p.vecs_per_token) {
+        v -= p.vecs_per_token;
+        ++lt;
+      }
+    }
   }
+  finish_digests(ctx, p, f, site, digest);
 
   // 4. Gather: every token's result arrives from its owner; then the pattern's epilogue, a token per cluster.
   const exec::TokenSplit split = exec::token_split(ctx);
+  FIAR_NO_UNROLL
   for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
     const int owner = t / chunk;
     finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token,
@@ -453,7 +569,7 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   }
   finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
-  finish_call(ctx, p.state, f.call,
+  finish_call(ctx, p.state, f,
               static_cast<std::uint32_t>(header_words(p.world_size) +
                                          twoshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
 }

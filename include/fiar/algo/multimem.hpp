@@ -26,8 +26,9 @@
 FIAR_BEGIN_NAMESPACE
 namespace algo {
 
-/// Barrier counters of the in-switch reduction: one word per cluster of a launch, after the three Lamport buffers of
-/// the mnnvl region (zero at creation). A launch has at most this many clusters.
+/// Barrier counters of the in-switch reduction before they became one per token: the workspace now holds
+/// max_token_num counters (one per token a call may have), after the three Lamport buffers of the mnnvl region, zero at
+/// creation. Kept for code that sized buffers with it.
 inline constexpr int kMultimemCounters = 1024;
 /// ErrorRecord::code bit: a multimem barrier timed out (some rank's cluster never arrived; the barrier cannot tell
 /// which).
@@ -43,8 +44,8 @@ FIAR_HD constexpr std::size_t multimem_words(int tokens, int vecs_per_token) {
 template <ReduceType T>
 struct MultimemParams {
   LamportParams<T> base;       ///< buffers, multicast view, state, error record, epilogue
-  std::size_t counters;        ///< word offset of the barrier counters in every rank's region (and the view)
-  std::uint32_t* generations;  ///< this rank's kMultimemCounters words: each counter's value after its last barrier
+  std::size_t counters;        ///< word offset of the barrier counters (one per token) in every rank's region and view
+  std::uint32_t* generations;  ///< this rank's max_token_num words: each token counter's value after its last call
 };
 
 namespace detail {
@@ -60,41 +61,57 @@ FIAR_HD constexpr exec::ReduceKind reduce_kind() {
   }
 }
 
-// One barrier of cluster c: every block of the cluster arrives on every rank's counter c (one multicast add per
-// block), then waits until its own counter reaches `target`. Returns false (and records it) at the deadline.
+// One barrier of the cluster's tokens: after a cluster barrier (the cluster's accesses of this phase are done), one
+// lane of the cluster's first block per token adds 1 to that token's counter on every rank (one multicast add), then
+// waits until its own copy reaches the token's generation + phase x W. Counters are per token, and one rank arrives
+// once per token whatever its launch shape, so ranks with different grids (SM counts, limits, cluster sizes) pair the
+// same arrivals. Returns the cluster's verdict (false after a timeout, recorded, or a call already failed here).
 FIAR_EXEC_CHECK_DISABLE
 template <ReduceType T, class Ctx>
-FIAR_HD inline bool multimem_barrier(Ctx& ctx, const MultimemParams<T>& m, int c, std::uint32_t target,
-                                     const PollSite& site, bool& ok) {
+FIAR_HD inline bool multimem_barrier(Ctx& ctx, const MultimemParams<T>& m, const exec::TokenSplit& split,
+                                     std::uint32_t phase, const PollSite& site, bool ok) {
   const LamportParams<T>& p = m.base;
-  ctx.fence_multicast();  // this lane's unicast stores before the multicast accesses that follow (and vice versa)
-  ctx.sync();             // every lane of the block has done its accesses
-  if (ctx.lane() == 0) {
-    ctx.multicast_add_release(p.multicast, m.counters + static_cast<std::size_t>(c), 1u);
-    const std::uint32_t* mine = p.buffers[p.rank] + m.counters + c;
-    while (static_cast<std::int32_t>(ctx.load_acquire(mine) - target) < 0) {
-      if (site.deadline == 0 || ctx.now_ns() > site.deadline) {
-        if (site.deadline != 0) {
-          ctx.store_relaxed(&p.error->call, site.call);
-          raise_code(ctx, p.error, kErrorBarrier | kErrorTimeout);
-        }
-        ok = false;
-        break;
-      }
-      ctx.pause();
+  ctx.cluster_sync();
+  if (ok && ctx.cluster_rank() == 0) {
+    const int first = split.first_token + ctx.lane() * split.token_step;
+    const int step = ctx.lanes() * split.token_step;
+    // fence.proxy.alias, once per arriving lane: the cluster's unicast stores (ordered before it by the cluster
+    // barrier) before the add through the multicast alias; then the add before this lane's unicast poll of the same
+    // word; and after the poll, the peers' multicast stores it observed before the unicast reads that follow.
+    FIAR_NO_UNROLL
+    for (int t = first; t < p.num_tokens; t += step) {
+      ctx.fence_multicast();
+      ctx.multicast_add_release(p.multicast, m.counters + static_cast<std::size_t>(t), 1u);
     }
+    ctx.fence_multicast();
+    FIAR_NO_UNROLL
+    for (int t = first; t < p.num_tokens && ok; t += step) {
+      const std::uint32_t target =
+          ctx.load_relaxed(m.generations + t) + phase * static_cast<std::uint32_t>(p.world_size);
+      const std::uint32_t* mine = p.buffers[p.rank] + m.counters + t;
+      while (static_cast<std::int32_t>(ctx.load_acquire(mine) - target) < 0) {
+        if (site.deadline == 0 || ctx.now_ns() > site.deadline) {
+          if (site.deadline != 0) {
+            ctx.store_relaxed(&p.error->call, site.call);
+            raise_code(ctx, p.error, kErrorBarrier | kErrorTimeout);
+          }
+          ok = false;
+          break;
+        }
+        ctx.pause();
+      }
+    }
+    ctx.fence_multicast();
   }
-  ok = ctx.sum(ok ? 0.0f : 1.0f) == 0.0f;  // lane 0's verdict for the whole block (and a block barrier)
-  ctx.fence_multicast();
-  return ok;
+  return ctx.cluster_max(ok ? 0.0f : 1.0f) == 0.0f;  // the verdict of the first block, for the cluster (a barrier)
 }
 
 }  // namespace detail
 
-/// The in-switch reduction. Per cluster c of the launch, over the tokens c handles (token_split):
+/// The in-switch reduction. Per cluster of the launch, over the tokens it handles (token_split):
 ///   1. every rank stores its input into its own region (the current Lamport buffer, after the digests' header);
-///   2. barrier 1 on counter c: every rank's cluster c has stored;
-///   3. rank r load-reduces share r of the cluster's vectors through the multicast mapping (the switch sums the W
+///   2. barrier 1 on each of those tokens' counters: every rank has stored them;
+///   3. rank r load-reduces share r of each token's vectors through the multicast mapping (the switch sums the W
 ///      members) and stores the sum back through it, into every member;
 ///   4. barrier 2: every share is stored everywhere;
 ///   5. the epilogue reads the sums from this rank's own region.
@@ -112,28 +129,20 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
            (static_cast<std::size_t>(token) * static_cast<std::size_t>(p.vecs_per_token) + vec) * exec::kWordsPerVec;
   };
   const exec::TokenSplit split = exec::token_split(ctx);
-  const int c = split.first_token;  // the cluster's index: its first token
   const int cluster_lane = split.first_vec, cluster_lanes = split.vec_step;
-  const std::uint32_t arrivals = static_cast<std::uint32_t>(ctx.cluster_size() * p.world_size);
-  const std::uint32_t generation = ctx.load_relaxed(m.generations + c);
-  bool ok = c < kMultimemCounters;
-  if (!ok && ctx.lane() == 0 && ctx.cluster_rank() == 0) {
-    ctx.store_relaxed(&p.error->call, f.call);
-    raise_code(ctx, p.error, kErrorBarrier | kErrorTimeout);  // unreachable with fiar's launch shapes
-  }
 
   // 1. Digests, and this rank's input for the cluster's tokens into its own region.
   push_digest<Transport::Multicast>(ctx, p, f);
-  for (int t = split.first_token; t < p.num_tokens && ok; t += split.token_step) {
+  for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
     for (int v = cluster_lane; v < p.vecs_per_token; v += cluster_lanes) {
       ctx.store16(p.buffers[p.rank] + at(t, v), load_input(p, t, v));
     }
   }
-  clear_previous(ctx, p, f.call, f.prev);
+  clear_previous(ctx, p, f);
   PollSite site = check_digests(ctx, p, f);
 
-  // 2. Barrier 1: the cluster's inputs are in place on every rank.
-  if (ok) multimem_barrier(ctx, m, c, generation + arrivals, site, ok);
+  // 2. Barrier 1: the cluster's tokens are in place on every rank.
+  bool ok = multimem_barrier(ctx, m, split, 1u, site, site.deadline != 0);
   if (!ok) site.deadline = 0;
 
   // 3. This rank's share of each of the cluster's tokens: load-reduce through the switch, store the sum to all.
@@ -148,7 +157,7 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
   }
 
   // 4. Barrier 2: every share is everywhere.
-  if (ok) multimem_barrier(ctx, m, c, generation + 2 * arrivals, site, ok);
+  ok = multimem_barrier(ctx, m, split, 2u, site, ok);
 
   // 5. The epilogue over the sums in this rank's memory (the waits above failed: whatever is there, flagged).
   for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
@@ -156,13 +165,16 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
                        [&](int v) { return exec::sanitize<sizeof(T)>(ctx.load16(p.buffers[p.rank] + at(t, v))); });
   }
   finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
-  ctx.sync();
-  if (ctx.lane() == 0 && ctx.cluster_rank() == 0 && c < kMultimemCounters) {
-    // Every counter on every rank advances by 2 x arrivals per call whose launch has cluster c, failed ones too
-    // (then the workspace is unusable anyway).
-    ctx.store_relaxed(m.generations + c, generation + 2 * arrivals);
+  if (ctx.cluster_rank() == 0) {
+    // Each token's counter advances by 2 W per call that has the token (failed ones too: the workspace is unusable
+    // then anyway); only the lane that waited on it reads or writes its generation.
+    for (int t = split.first_token + ctx.lane() * split.token_step; t < p.num_tokens;
+         t += ctx.lanes() * split.token_step) {
+      ctx.store_relaxed(m.generations + t,
+                        ctx.load_relaxed(m.generations + t) + 2u * static_cast<std::uint32_t>(p.world_size));
+    }
   }
-  finish_call(ctx, p.state, f.call,
+  finish_call(ctx, p.state, f,
               static_cast<std::uint32_t>(header_words(p.world_size) + multimem_words(p.num_tokens, p.vecs_per_token)));
 }
 

@@ -74,7 +74,7 @@ class LamportWorkspace {
   /// counters), without the NCCL route: with it, less (the buffers hold only the calls below nccl_min_bytes), plus
   /// the route's own (its sum buffer and window, and NCCL's).
   static std::size_t required_bytes(const Topology& topo, const WorkspaceConfig& cfg) {
-    return (algo::kLamportBuffers * buffer_words(topo.world_size, topo.arch, cfg) + kCounterWords) *
+    return (algo::kLamportBuffers * buffer_words(topo.world_size, topo.arch, cfg) + counter_words(cfg)) *
            sizeof(std::uint32_t);
   }
 
@@ -112,7 +112,7 @@ class LamportWorkspace {
     create_route(agreed, boot, options);
     if (route_) buffer_words_ = buffer_words_for(topo.world_size, topo.arch, cfg, lamport_tokens());
     const std::size_t lamport_words = algo::kLamportBuffers * buffer_words_;
-    const std::size_t region_words = lamport_words + kCounterWords;
+    const std::size_t region_words = lamport_words + counter_words(cfg);
     if constexpr (kMulticast) {
       // Peer mappings for the two-shot scatter, plus the group's multicast mapping of the same memory. A failure here
       // (no multicast on this machine after all) throws fiar::multicast_error on every rank.
@@ -126,9 +126,9 @@ class LamportWorkspace {
     error_ = Borrowed(static_cast<algo::ErrorRecord*>(platform_.allocate_host_visible(sizeof(algo::ErrorRecord))));
     platform_.fill_words(buffers_[static_cast<std::size_t>(topo.rank)], lamport_words, exec::kSentinelWord);
     if constexpr (kMulticast) {
-      platform_.fill_words(buffers_[static_cast<std::size_t>(topo.rank)] + lamport_words, kCounterWords, 0u);
+      platform_.fill_words(buffers_[static_cast<std::size_t>(topo.rank)] + lamport_words, counter_words(cfg), 0u);
       generations_ = Borrowed(static_cast<std::uint32_t*>(
-          platform_.allocate_local(kCounterWords * sizeof(std::uint32_t), "the multimem barrier generations")));
+          platform_.allocate_local(counter_words(cfg) * sizeof(std::uint32_t), "the multimem barrier generations")));
     }
     platform_.synchronize();
     boot.barrier();  // no rank pushes into a buffer before its owner has filled it with sentinels
@@ -169,6 +169,13 @@ class LamportWorkspace {
 
   /// Why a forced strategy cannot run a call of num_tokens tokens ("" when it can; Auto always fits).
   [[nodiscard]] std::string strategy_error(int num_tokens, Strategy s) const {
+    if (cfg_.batch_invariant && (s == Strategy::Multimem || s == Strategy::Nccl)) {
+      return std::string(s == Strategy::Multimem ? "multimem (the in-switch reduction)"
+                                                 : "strategy nccl (the NCCL route)") +
+             " sums in an order that follows the message size, and this workspace was created with "
+             "WorkspaceConfig::batch_invariant = true. Fix: use Strategy::Auto, OneShot or TwoShot, or create the "
+             "workspace with batch_invariant = false.";
+    }
     if (s == Strategy::Multimem && !kMulticast) {
       return "multimem (the in-switch reduction) needs NVLink multicast: it runs on the mnnvl backend only. Fix: use "
              "Strategy::Auto, OneShot or TwoShot on " +
@@ -251,6 +258,15 @@ class LamportWorkspace {
     if (route_) route_->check();
   }
 
+  /// Test hook (Workspace::testing_set_call_counter): the protocol's call counter, as if `call` calls had completed;
+  /// the buffer rotation goes on where it is. Every rank sets the same value between two calls.
+  void set_call_counter(std::uint32_t call) {
+    platform_.synchronize();
+    platform_.fill_words(&state_->call, 1, call);
+    platform_.synchronize();
+    if (route_) route_->set_call_counter(call);
+  }
+
  private:
   using Route = NcclWorkspace<T, Pf>;
 
@@ -285,8 +301,10 @@ class LamportWorkspace {
     throw timeout_error(call_timeout_text(kName, topo_.rank, cfg_.timeout, waited, Pf::read_word(&error_->call)));
   }
 
-  // The multimem barrier counters after the Lamport buffers (mnnvl only).
-  static constexpr std::size_t kCounterWords = kMulticast ? algo::kMultimemCounters : 0;
+  // The multimem barrier counters after the Lamport buffers, one per token (mnnvl only).
+  static std::size_t counter_words(const WorkspaceConfig& cfg) {
+    return kMulticast ? static_cast<std::size_t>(std::max(cfg.max_token_num, 1)) : 0;
+  }
 
   static int vecs_per_token(int hidden_dim) {
     return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16);

@@ -182,6 +182,13 @@ class NcclWorkspace<T, HostPlatform> : public NcclWorkspaceBase<T, HostPlatform>
     this->last_strategy_ = Strategy::Auto;
   }
 
+  /// Test hook (Workspace::testing_set_call_counter): calls numbered from `call` on, the arrival sequence with them
+  /// (this rank's word as if call - 1 had completed). Every rank sets the same value between two calls, then meets.
+  void set_call_counter(std::uint32_t call) {
+    calls_ = call;
+    exec::SystemAtomics::store_release(blocks_[0] + this->topo_.rank, static_cast<std::uint32_t>(2 * calls_));
+  }
+
   /// Throws fiar::mismatch_error if a call of this workspace found a rank's call digest different from its own, and
   /// fiar::timeout_error if one gave up waiting for a rank (then every later call throws the same: recreate the
   /// workspace on every rank).
@@ -384,6 +391,9 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
   /// NCCL's waiting kernels). After either, every later call throws the same: recreate the workspace on every rank.
   /// Calls made while the stream is being captured into a CUDA graph are not timed.
   void check() const { check_state(true); }
+
+  /// Test hook (Workspace::testing_set_call_counter): calls numbered from `call` on (names in errors only here).
+  void set_call_counter(std::uint32_t call) { calls_ = call; }
 
  private:
   // check(); `timed` false skips the timing of the pending call (while the caller's stream is captured).

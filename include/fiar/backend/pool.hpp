@@ -39,7 +39,7 @@ constexpr bool config_can_serve(const WorkspaceConfig& have, const WorkspaceConf
          have.oneshot_max_bytes == want.oneshot_max_bytes && have.max_token_num >= want.max_token_num &&
          (have.oneshot_at_max_tokens || !want.oneshot_at_max_tokens) && have.verify_calls == want.verify_calls &&
          have.multimem_min_bytes == want.multimem_min_bytes && have.nccl_min_bytes == want.nccl_min_bytes &&
-         have.nccl_symmetric_max_bytes == want.nccl_symmetric_max_bytes;
+         have.nccl_symmetric_max_bytes == want.nccl_symmetric_max_bytes && have.batch_invariant == want.batch_invariant;
 }
 
 /// The workspaces of one group (one per distinct need), for several purposes (e.g. the plain all-reduce and the

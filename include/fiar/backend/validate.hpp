@@ -23,6 +23,7 @@
 #include "../core/strategy.hpp"
 #include "../core/text.hpp"
 #include "../core/topology.hpp"
+#include "../exec/context.hpp"
 
 FIAR_BEGIN_NAMESPACE
 namespace detail {
@@ -40,6 +41,21 @@ std::string common_config_error(const WorkspaceConfig& cfg) {
     return "fiar: WorkspaceConfig::hidden_dim = " + std::to_string(cfg.hidden_dim) + " for " + dt +
            "; allowed: a positive multiple of " + std::to_string(16 / sizeof(T)) +
            " (16-byte vectors). Fix: pad the hidden dimension.";
+  }
+  if (static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T) / 16 > static_cast<std::size_t>(exec::kMaxTokenVecs)) {
+    return "fiar: WorkspaceConfig::hidden_dim = " + std::to_string(cfg.hidden_dim) + " for " + dt +
+           "; allowed: at most " + std::to_string(exec::kMaxTokenVecs * 16 / static_cast<int>(sizeof(T))) +
+           " (the norm's canonical sum holds " + std::to_string(exec::kMaxTokenVecs) +
+           " 16-byte vectors per token). Fix: split the hidden dimension over more ranks or calls.";
+  }
+  if (cfg.batch_invariant && ((cfg.nccl_min_bytes && *cfg.nccl_min_bytes != never) ||
+                              (cfg.multimem_min_bytes && *cfg.multimem_min_bytes != never))) {
+    return std::string("fiar: WorkspaceConfig::batch_invariant = true with ") +
+           (cfg.nccl_min_bytes && *cfg.nccl_min_bytes != never
+                ? "nccl_min_bytes = " + std::to_string(*cfg.nccl_min_bytes)
+                : "multimem_min_bytes = " + std::to_string(*cfg.multimem_min_bytes)) +
+           "; allowed: neither the NCCL route nor the in-switch reduction, whose sums follow the message size. Fix: "
+           "leave nccl_min_bytes and multimem_min_bytes unset (or fiar::never), or batch_invariant false.";
   }
   if (cfg.timeout.count() < 1 || cfg.timeout > std::chrono::hours(24)) {
     return "fiar: WorkspaceConfig::timeout = " + std::to_string(cfg.timeout.count()) +

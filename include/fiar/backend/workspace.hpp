@@ -59,6 +59,7 @@ struct ConfigDigest {
   std::uint32_t symmetric_given = 0;
   std::uint64_t nccl_min_bytes = 0;            ///< meaningful when nccl_given
   std::uint64_t nccl_symmetric_max_bytes = 0;  ///< meaningful when symmetric_given
+  std::uint32_t batch_invariant = 0;
 
   static ConfigDigest of(const WorkspaceConfig& c) {
     ConfigDigest d;
@@ -75,6 +76,7 @@ struct ConfigDigest {
     d.nccl_min_bytes = c.nccl_min_bytes.value_or(0);
     d.symmetric_given = c.nccl_symmetric_max_bytes ? 1u : 0u;
     d.nccl_symmetric_max_bytes = c.nccl_symmetric_max_bytes.value_or(0);
+    d.batch_invariant = c.batch_invariant ? 1u : 0u;
     return d;
   }
   /// The thresholds a backend resolved in place of those given; `lamport`: whether it has the Lamport strategies
@@ -110,7 +112,8 @@ struct ConfigDigest {
            (oneshot_at_max_tokens ? "true" : "false") + ", verify_calls " + (verify_calls ? "true" : "false") +
            bytes("multimem_min_bytes", multimem_given, multimem_min_bytes) +
            bytes("nccl_min_bytes", nccl_given, nccl_min_bytes) +
-           bytes("nccl_symmetric_max_bytes", symmetric_given, nccl_symmetric_max_bytes);
+           bytes("nccl_symmetric_max_bytes", symmetric_given, nccl_symmetric_max_bytes) +
+           (batch_invariant != 0 ? ", batch_invariant true" : "");
   }
 };
 
@@ -355,6 +358,12 @@ class Workspace {
   /// recreate the workspace on every rank); nccl on CudaPlatform also fiar::cuda_error for an asynchronous NCCL
   /// error; std::logic_error on a moved-from workspace.
   void check() const { impl_.check(); }
+
+  /// Test hook, not for production: numbers this rank's next call `call` (the protocol's counter wraps at 2^32, every
+  /// ~5-8 days of serving). Every rank of the group sets the same value once all have finished their previous call (a
+  /// barrier before), and they meet again (a barrier) before the next call. Lets a test cross the wrap without 2^32
+  /// calls.
+  void testing_set_call_counter(std::uint32_t call) { impl_.set_call_counter(call); }
 
   /// The strategy Strategy::Auto takes for a call of num_tokens tokens (the same on every rank; Auto on nccl).
   [[nodiscard]] Strategy strategy_for(int num_tokens) const { return impl_.strategy_for(num_tokens); }

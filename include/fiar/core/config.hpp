@@ -50,6 +50,11 @@ struct WorkspaceConfig {
   /// runs in place on the caller's buffers (the copies would cost more than the symmetric kernels save). Default: the
   /// built-in table's (16 MiB on sm_90, 32 MiB on sm_100). 0: never the window.
   std::optional<std::size_t> nccl_symmetric_max_bytes = std::nullopt;
+  /// A token's output bytes depend only on its own inputs, the weights, world size, backend, dtype, hidden_dim and
+  /// architecture: fiar's Lamport kernels always give that (docs/design.md, "Batch invariance"); true also keeps
+  /// Strategy::Auto off the NCCL route and the in-switch reduction, whose sums follow the message size, and makes
+  /// forcing either throw std::invalid_argument. Agreed at creation like every other field.
+  bool batch_invariant = false;
 };
 
 /// The row of the strategy table a workspace of `backend` resolves at creation for `topo` and `cfg`: the built-in
@@ -61,6 +66,10 @@ constexpr StrategyThresholds strategy_thresholds(Backend backend, const Topology
   if (cfg.multimem_min_bytes) t.multimem_min_bytes = *cfg.multimem_min_bytes;
   if (cfg.nccl_min_bytes) t.nccl_min_bytes = *cfg.nccl_min_bytes;
   if (cfg.nccl_symmetric_max_bytes) t.nccl_symmetric_max_bytes = *cfg.nccl_symmetric_max_bytes;
+  if (cfg.batch_invariant) {  // neither sum is a fixed function of the token alone
+    t.multimem_min_bytes = never;
+    t.nccl_min_bytes = never;
+  }
   if (backend == Backend::Nccl) {  // no Lamport strategies, no route of its own: only the window's bound applies
     t.oneshot_max_bytes = 0;
     t.multimem_min_bytes = never;

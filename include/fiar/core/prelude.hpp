@@ -41,7 +41,10 @@
 // Before a host-device template that is also instantiated with host-only types (HostCtx): nvcc then checks the
 // execution space of each instantiation only where it is used.
 #define FIAR_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+/// A cold path (error records) kept out of a kernel's hot loop.
+#define FIAR_NOINLINE __noinline__
 #else
 #define FIAR_HD
 #define FIAR_EXEC_CHECK_DISABLE
+#define FIAR_NOINLINE __attribute__((noinline))
 #endif

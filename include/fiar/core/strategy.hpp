@@ -54,16 +54,17 @@ inline void check_strategy(Strategy s) {
 }
 
 /// The built-in strategy table of the trtllm backend: per-rank message bytes (tokens x hidden x sizeof(T)) up to
-/// which one-shot is faster, by architecture and world size. Anchored on the per-GPU tables inference engines
-/// measured for this protocol pair (H100 / B200); replace it with WorkspaceConfig::oneshot_max_bytes after
+/// which one-shot is faster, by architecture and world size: the power of two nearest the size from which
+/// scripts/model --table puts fiar's two-shot ahead (32 MiB at 2 ranks, where it never is: the largest size engines
+/// measured one-shot ahead); a model figure, not measured; replace it with WorkspaceConfig::oneshot_max_bytes after
 /// measuring with the benchmark.
 constexpr std::size_t default_oneshot_max_bytes(int arch, int world_size) {
   constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
   const bool blackwell = arch >= 100;
   if (world_size <= 2) return 32 * MiB;
-  if (world_size <= 4) return blackwell ? 4 * MiB : 2 * MiB;
-  if (world_size <= 8) return blackwell ? 1 * MiB : 512 * KiB;
-  return blackwell ? 512 * KiB : 256 * KiB;
+  if (world_size <= 4) return 512 * KiB;
+  if (world_size <= 8) return blackwell ? 256 * KiB : 128 * KiB;
+  return blackwell ? 128 * KiB : 64 * KiB;
 }
 
 /// The built-in table of a backend. mnnvl: one-shot while the bytes every rank receives (W x the message) stay
@@ -100,10 +101,10 @@ struct StrategyThresholds {
 
 /// The built-in strategy table: the row for a group of `world_size` ranks of architecture `arch` (x10; 0: unknown,
 /// taken as sm_90) over `interconnect` (Unknown: NVLink's row). Derived from scripts/model --table (NCCL's published
-/// large-message figures against fiar's model; docs/performance.md shows both) and, for the one-shot threshold,
-/// from the tables inference engines measured; nothing in it has been measured by fiar-bench yet. The in-switch
+/// large-message figures against fiar's model, and the one-shot / two-shot crossover of that model;
+/// docs/performance.md shows both); nothing in it has been measured by fiar-bench yet. The in-switch
 /// reduction is off (never) until fiar-bench measures it on NVSwitch hardware, though the model puts it ahead of
-/// two-shot from 128 KiB at 8 ranks: set WorkspaceConfig::multimem_min_bytes to take it.
+/// two-shot from 512 KiB at 8 ranks: set WorkspaceConfig::multimem_min_bytes to take it.
 constexpr StrategyThresholds default_strategy_thresholds(Backend backend, int arch, int world_size,
                                                          Interconnect interconnect) {
   constexpr std::size_t MiB = std::size_t{1} << 20;

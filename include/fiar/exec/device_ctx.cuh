@@ -15,11 +15,6 @@
     "fiar: this translation unit compiles device code for an architecture older than sm_90 (nvcc's default is sm_75), and fiar's kernels need sm_90 or newer. Fix: compile it with -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_100a,code=sm_100a (Meson: add fiar_dep.get_variable('cuda_gencode').split() to the project's cuda arguments; CMake: CUDA_ARCHITECTURES \"90a;100a\")."
 #endif
 
-#include <cooperative_groups.h>
-#include <cub/warp/warp_reduce.cuh>
-#include <cuda/functional>
-#include <cuda/ptx>
-
 #include <cstddef>
 #include <cstdint>
 
@@ -43,61 +38,126 @@ struct DeviceCtx : SystemAtomics {
   /// Every lane of the block.
   __device__ static void sync() { __syncthreads(); }
 
-  /// Block-wide sum and max (every lane of the block calls them; blockDim.x is a multiple of 32): CUB warp
-  /// reductions, then warp 0 combines the warps' results. A fixed tree: the same block size gives the same
-  /// bits on every rank.
-  __device__ static float sum(float x) { return reduce(x, ::cuda::std::plus<float>{}); }
-  __device__ static float max(float x) { return reduce(x, ::cuda::maximum<float>{}); }
+  /// Every lane of the block; true on every lane when any lane passed true (one bar.red.or).
+  __device__ static bool sync_or(bool vote) { return __syncthreads_or(vote ? 1 : 0) != 0; }
 
-  template <class Op>
-  __device__ static float reduce(float x, Op op) {
-    using WarpReduce = cub::WarpReduce<float>;
-    __shared__ typename WarpReduce::TempStorage storage[32];
+  /// Butterfly reductions over the 32 lanes of a warp: every lane gets the same bits (x + y == y + x).
+  __device__ static float warp_sum(float x) {
+    FIAR_UNROLL
+    for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+    return x;
+  }
+  __device__ static float warp_max(float x) {
+    FIAR_UNROLL
+    for (int m = 16; m > 0; m >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, m));
+    return x;
+  }
+
+  /// Block-wide sum and max (every lane of the block calls them; blockDim.x is a multiple of 32): each warp's
+  /// butterfly, then the warps' results combined by a butterfly in every warp. A fixed tree for a given block size.
+  __device__ static float sum(float x) { return block_reduce<false>(x); }
+  __device__ static float max(float x) { return block_reduce<true>(x); }
+
+  template <bool kMax>
+  __device__ static float block_reduce(float x) {
     __shared__ float partial[32];
-    __shared__ float result;
-    const int warp = static_cast<int>(threadIdx.x) / 32;
-    const int lane = static_cast<int>(threadIdx.x) % 32;
-    const int warps = static_cast<int>(blockDim.x) / 32;
-    const float mine = WarpReduce(storage[warp]).Reduce(x, op);
-    if (lane == 0) partial[warp] = mine;
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int sub = static_cast<int>(threadIdx.x) & 31;
+    const float mine = kMax ? warp_max(x) : warp_sum(x);
+    if (sub == 0) partial[warp] = mine;
     __syncthreads();
-    if (warp == 0) {
-      const float all = WarpReduce(storage[0]).Reduce(lane < warps ? partial[lane] : partial[0], op, warps);
-      if (lane == 0) result = all;
-    }
-    __syncthreads();
-    const float total = result;
-    __syncthreads();  // nobody overwrites `result` before every lane has read it
+    const float y =
+        sub < static_cast<int>(blockDim.x >> 5) ? partial[sub] : (kMax ? -__int_as_float(0x7f800000) : 0.0f);
+    const float total = kMax ? warp_max(y) : warp_sum(y);
+    __syncthreads();  // nobody overwrites `partial` before every lane has read it
     return total;
   }
 
   /// This block's rank in its thread-block cluster and the cluster's size (1 in a launch without clusters).
-  __device__ static int cluster_rank() { return static_cast<int>(cuda::ptx::get_sreg_cluster_ctarank()); }
-  __device__ static int cluster_size() { return static_cast<int>(cuda::ptx::get_sreg_cluster_nctarank()); }
+  __device__ static int cluster_rank() { return static_cast<int>(__clusterRelativeBlockRank()); }
+  __device__ static int cluster_size() { return static_cast<int>(__clusterSizeInBlocks()); }
 
-  /// Cluster-wide sum and max: each block's own (reduce()), then the blocks' results read from every block's shared
+  /// This block's cluster in the grid, and the grid's clusters (%clusterid.x / %nclusterid.x: no division).
+  __device__ static int cluster_index() { return static_cast<int>(__clusterIdx().x); }
+  __device__ static int clusters() { return static_cast<int>(__clusterGridDimInClusters().x); }
+
+  /// Every lane of every block of the cluster (barrier.cluster arrive.release / wait.acquire; a block barrier in a
+  /// launch without clusters).
+  __device__ static void cluster_sync() {
+    if (__clusterSizeInBlocks() == 1) {
+      __syncthreads();
+    } else {
+      __cluster_barrier_arrive();
+      __cluster_barrier_wait();
+    }
+  }
+
+  /// Cluster-wide sum and max: each block's own (block_reduce), then the blocks' results read from every block's shared
   /// memory (distributed shared memory) in cluster-rank order, so every block of the cluster gets the same bits.
   /// Every lane of every block of the cluster calls them.
-  __device__ static float cluster_sum(float x) { return cluster_reduce(x, ::cuda::std::plus<float>{}); }
-  __device__ static float cluster_max(float x) { return cluster_reduce(x, ::cuda::maximum<float>{}); }
+  __device__ static float cluster_sum(float x) { return cluster_reduce<false>(x); }
+  __device__ static float cluster_max(float x) { return cluster_reduce<true>(x); }
 
-  template <class Op>
-  __device__ static float cluster_reduce(float x, Op op) {
-    const float mine = reduce(x, op);
-    const int size = cluster_size();
+  template <bool kMax>
+  __device__ static float cluster_reduce(float x) {
+    const float mine = block_reduce<kMax>(x);
+    const unsigned size = __clusterSizeInBlocks();
     if (size == 1) return mine;
     __shared__ float partial;
-    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     if (threadIdx.x == 0) partial = mine;
-    cluster.sync();
-    float total = *cluster.map_shared_rank(&partial, 0);
-    for (int b = 1; b < size; ++b) total = op(total, *cluster.map_shared_rank(&partial, b));
-    cluster.sync();  // no block overwrites its partial (or exits) before every block has read it
+    cluster_sync();
+    float total = *static_cast<const float*>(__cluster_map_shared_rank(&partial, 0));
+    for (unsigned b = 1; b < size; ++b) {
+      const float other = *static_cast<const float*>(__cluster_map_shared_rank(&partial, b));
+      total = kMax ? fmaxf(total, other) : total + other;
+    }
+    cluster_sync();  // no block overwrites its partial (or exits) before every block has read it
+    return total;
+  }
+
+  /// A token's canonical sum (exec::canonical_token_sum): each warp calls token_sum_add once per chunk of 32
+  /// consecutive vectors, lane i with vector chunk * 32 + i (q = 0 for a vector past the token's end); the warp's
+  /// butterfly gives the chunk sum, which lanes 0 .. cluster_size - 1 store into that block's slot of the chunk (every
+  /// block of the cluster holds every chunk sum). token_sum then gives every lane the canonical total.
+  __device__ static float* token_slots() {
+    __shared__ float slots[kMaxTokenChunks];
+    return slots;
+  }
+  __device__ static void token_sum_add(int vec, float q) {
+    const float chunk = warp_sum(q);
+    const unsigned sub = threadIdx.x & 31u;
+    const unsigned size = __clusterSizeInBlocks();
+    float* slot = token_slots() + (vec >> 5);
+    if (size == 1) {
+      if (sub == 0) *slot = chunk;
+    } else if (sub < size) {
+      *static_cast<float*>(__cluster_map_shared_rank(slot, sub)) = chunk;
+    }
+  }
+  __device__ static float token_sum(int vecs) {
+    cluster_sync();  // every chunk sum of the token is in every block's slots
+    const int chunks = (vecs + kTokenSumChunk - 1) / kTokenSumChunk;
+    float partial = 0.0f;
+    for (int j = static_cast<int>(threadIdx.x & 31u); j < chunks; j += kTokenSumChunk) partial += token_slots()[j];
+    const float total = warp_sum(partial);
+    // No block overwrites its slots (next token) or exits before every lane has read them: the values are already in
+    // registers, so a relaxed arrive suffices (no memory fence).
+    if (__clusterSizeInBlocks() == 1) {
+      __syncthreads();
+    } else {
+      __cluster_barrier_arrive_relaxed();
+      __cluster_barrier_wait();
+    }
     return total;
   }
 
   /// Nanoseconds of the GPU's global timer, for deadlines (only differences matter).
-  __device__ static std::uint64_t now_ns() { return cuda::ptx::get_sreg_globaltimer(); }
+  __device__ static std::uint64_t now_ns() {
+    // cuda::ptx::get_sreg_globaltimer()'s one instruction, without <cuda/ptx>'s 1.4 s parse
+    std::uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
 
   /// Backs off a spinning lane for a moment (a hint of about 32 ns), leaving issue slots to its warp peers.
   __device__ static void pause() { __nanosleep(32); }
@@ -154,11 +214,23 @@ struct DeviceCtx : SystemAtomics {
   }
   /// multimem.red.release.sys.global.add.u32: `value` added to the word at `offset` of every member.
   __device__ static void multicast_add_release(const MulticastView& view, std::size_t offset, std::uint32_t value) {
-    cuda::ptx::multimem_red(cuda::ptx::sem_release, cuda::ptx::scope_sys, cuda::ptx::op_add, view.address + offset,
-                            value);
+#if __CUDA_ARCH__ >= 900
+    // cuda::ptx::multimem_red(sem_release, scope_sys, op_add, ...)'s one instruction, without <cuda/ptx>'s 1.4 s parse
+    asm volatile("multimem.red.release.sys.global.add.u32 [%0], %1;"
+                 :
+                 : "l"(__cvta_generic_to_global(view.address + offset)), "r"(value)
+                 : "memory");
+#endif
   }
   /// fence.proxy.alias: orders this thread's unicast and multicast accesses to the same memory.
-  __device__ static void fence_multicast() { cuda::ptx::fence_proxy_alias(); }
+  __device__ static void fence_multicast() {
+    // cuda::ptx::fence_proxy_alias()'s one instruction, without <cuda/ptx>'s 1.4 s parse
+    asm volatile("fence.proxy.alias;" : : : "memory");
+  }
+  /// 16-byte plain store (st.global.v4, weak): only for clearing a buffer no rank reads or writes in this call; the
+  /// kernel boundary (griddepcontrol.wait of this rank's next call, whose pushes peers must see before they write the
+  /// buffer again) orders it.
+  __device__ static void store16_weak(std::uint32_t* p, const Vec16& v) { *reinterpret_cast<Vec16*>(p) = v; }
   /// 16-byte store to memory another rank reads concurrently: ONE st.volatile.global.v4.
   __device__ static void store16(std::uint32_t* p, const Vec16& v) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"

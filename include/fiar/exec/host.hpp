@@ -35,7 +35,8 @@ namespace exec {
 class HostCtx : public SystemAtomics {
  public:
   HostCtx(int lane, int lanes, int block, int blocks, std::barrier<>* block_barrier, float* block_scratch,
-          int cluster_size = 1, std::barrier<>* cluster_barrier = nullptr, float* cluster_scratch = nullptr)
+          int cluster_size = 1, std::barrier<>* cluster_barrier = nullptr, float* cluster_scratch = nullptr,
+          float* token_scratch = nullptr)
       : lane_(lane),
         lanes_(lanes),
         block_(block),
@@ -44,7 +45,8 @@ class HostCtx : public SystemAtomics {
         barrier_(block_barrier),
         cluster_barrier_(cluster_barrier),
         scratch_(block_scratch),
-        cluster_scratch_(cluster_scratch) {}
+        cluster_scratch_(cluster_scratch),
+        token_scratch_(token_scratch) {}
 
   [[nodiscard]] int lane() const { return lane_; }
   [[nodiscard]] int lanes() const { return lanes_; }
@@ -53,6 +55,31 @@ class HostCtx : public SystemAtomics {
 
   /// __syncthreads(): every lane of the block.
   void sync() { barrier_->arrive_and_wait(); }
+
+  /// __syncthreads_or(): every lane of the block; true when any lane voted true.
+  bool sync_or(bool vote) { return sum(vote ? 1.0f : 0.0f) != 0.0f; }
+
+  /// Every lane of every block of the cluster.
+  void cluster_sync() {
+    if (cluster_size_ == 1) {
+      sync();
+    } else {
+      cluster_barrier_->arrive_and_wait();
+    }
+  }
+
+  /// A token's canonical sum (exec::canonical_token_sum), as on the GPU but with any grid: every lane hands the value
+  /// of each vector it owns (a vector past the token's end is ignored); token_sum(vecs) then computes the canonical
+  /// total from the cluster's values on every lane (the same bits as the GPU's shuffles, whatever the launch shape).
+  void token_sum_add(int vec, float q) {
+    if (vec >= 0 && vec < kMaxTokenVecs) token_scratch_[vec] = q;
+  }
+  float token_sum(int vecs) {
+    cluster_sync();
+    const float total = canonical_token_sum(token_scratch_, vecs);
+    cluster_sync();  // nobody overwrites a value (the next token's) before every lane has read them all
+    return total;
+  }
 
   /// Block-wide sum and max, deterministic: every lane gets the lanes' values combined in lane order.
   /// Every lane of the block must call them.
@@ -66,6 +93,9 @@ class HostCtx : public SystemAtomics {
   /// This block's rank in its cluster (clusters are runs of cluster_size() consecutive blocks), and that size.
   [[nodiscard]] int cluster_rank() const { return block_ % cluster_size_; }
   [[nodiscard]] int cluster_size() const { return cluster_size_; }
+  /// This block's cluster in the grid, and the grid's clusters.
+  [[nodiscard]] int cluster_index() const { return block_ / cluster_size_; }
+  [[nodiscard]] int clusters() const { return blocks_ / cluster_size_; }
 
   /// Cluster-wide sum and max (distributed shared memory on the GPU): each block's own sum, then the blocks' results
   /// combined in cluster-rank order, the same on every lane of the cluster. Every lane of the cluster must call them.
@@ -90,13 +120,22 @@ class HostCtx : public SystemAtomics {
     fence_word.fetch_add(1, std::memory_order_seq_cst);
   }
 
-  /// 16-byte access to memory other ranks touch concurrently: four relaxed 32-bit atomics (on the GPU,
-  /// one volatile vector access; either way each 32-bit word is single-copy atomic, which is all the
-  /// Lamport protocol relies on).
+  /// 16-byte access to memory other ranks touch concurrently: four 32-bit atomics (on the GPU, one volatile vector
+  /// access; either way each 32-bit word is single-copy atomic, which is all the Lamport protocol relies on). Release
+  /// stores and acquire loads here: on the GPU a lane that reads a Lamport word and then writes memory another lane
+  /// read before pushing that word (an in-place call: the push reads `in`, the epilogue writes `out` == `in`) is
+  /// ordered by the data dependency; C++ has no such order, so the emulator states it and ThreadSanitizer checks it.
   static Vec16 load16(const std::uint32_t* p) {
-    return Vec16{load_relaxed(p), load_relaxed(p + 1), load_relaxed(p + 2), load_relaxed(p + 3)};
+    return Vec16{load_acquire(p), load_acquire(p + 1), load_acquire(p + 2), load_acquire(p + 3)};
   }
   static void store16(std::uint32_t* p, const Vec16& v) {
+    store_release(p, v.x);
+    store_release(p + 1, v.y);
+    store_release(p + 2, v.z);
+    store_release(p + 3, v.w);
+  }
+  /// The clear's store (weak on the GPU; relaxed atomics here, since peers' pushes may follow without a lock).
+  static void store16_weak(std::uint32_t* p, const Vec16& v) {
     store_relaxed(p, v.x);
     store_relaxed(p + 1, v.y);
     store_relaxed(p + 2, v.z);
@@ -186,6 +225,7 @@ class HostCtx : public SystemAtomics {
   std::barrier<>* cluster_barrier_;
   float* scratch_;
   float* cluster_scratch_;
+  float* token_scratch_;
 };
 
 /// A persistent grid of emulated lanes (blocks x lanes threads, in clusters of `cluster` consecutive blocks) that
@@ -211,6 +251,7 @@ class HostGrid {
       cluster_barriers_.push_back(std::make_unique<std::barrier<>>(lanes * cluster));
     }
     cluster_scratch_.resize(static_cast<std::size_t>(blocks));
+    token_scratch_.resize(static_cast<std::size_t>(blocks / cluster));
     scratch_.resize(static_cast<std::size_t>(blocks * lanes));
     threads_.reserve(static_cast<std::size_t>(blocks * lanes));
     for (int b = 0; b < blocks; ++b) {
@@ -249,7 +290,7 @@ class HostGrid {
     HostCtx ctx(lane, lanes_, block, blocks_, barriers_[static_cast<std::size_t>(block)].get(),
                 scratch_.data() + static_cast<std::size_t>(block) * static_cast<std::size_t>(lanes_), cluster_,
                 cluster_barriers_[static_cast<std::size_t>(block / cluster_)].get(),
-                cluster_scratch_.data() + first_of_cluster);
+                cluster_scratch_.data() + first_of_cluster, token_scratch(block / cluster_));
     std::uint64_t seen = 0;
     for (;;) {
       const std::function<void(HostCtx&)>* kernel = nullptr;
@@ -266,7 +307,16 @@ class HostGrid {
     }
   }
 
+  // A cluster's per-vector values for token_sum (kMaxTokenVecs floats), allocated by its lanes' constructor.
+  float* token_scratch(int c) {
+    std::lock_guard lock(mutex_);
+    auto& s = token_scratch_[static_cast<std::size_t>(c)];
+    if (!s) s = std::make_unique<float[]>(static_cast<std::size_t>(kMaxTokenVecs));
+    return s.get();
+  }
+
   int blocks_, lanes_, cluster_;
+  std::vector<std::unique_ptr<float[]>> token_scratch_;
   std::vector<std::unique_ptr<std::barrier<>>> barriers_;
   std::vector<std::unique_ptr<std::barrier<>>> cluster_barriers_;
   std::vector<float> scratch_;          // one float per lane, for block reductions

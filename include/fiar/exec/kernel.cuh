@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// fiar/exec/kernel.cuh — the one __global__ template: kernel<Op> runs any Operation on the GPU, and
-// launch_on_stream<Op> launches it with programmatic dependent launch where the loaded image supports it.
+// fiar/exec/kernel.cuh — the one __global__ template: kernel<Op> runs any Operation on the GPU (defined in
+// exec/device_kernel.cuh), and launch_on_stream<Op> launches it with programmatic dependent launch where the loaded
+// image supports it.
 // Contract: hidden visibility (shared objects never swap kernels); the kernel waits for the stream's previous work
 // (griddepcontrol.wait) before it runs and releases its successor only at the very end; the kernel's name in
 // profiles is its operation's type (e.g. fiar::...::TrtllmOneShot<...>); a failed launch throws fiar::cuda_error
@@ -21,43 +22,14 @@
 #include "../core/prelude.hpp"
 #include "../runtime/cuda.hpp"
 #include "context.hpp"
-#include "device_ctx.cuh"
+#include "device_kernel.cuh"
 #include "operation.hpp"
 
 // Everything here is hidden: a shared object that includes fiar launches its own kernels through its own helpers,
 // never another object's (and keeps its own cache of the loaded image's architecture).
 #pragma GCC visibility push(hidden)
 FIAR_BEGIN_NAMESPACE
-namespace detail {
-// Waits until the previous kernel of the stream has finished (programmatic dependent launch): nothing of ours may
-// read the caller's input, or the workspace, before that.
-__device__ __forceinline__ void wait_for_predecessor() {
-#if defined(__CUDA_ARCH__)
-  cudaGridDependencySynchronize();
-#endif
-}
-
-// Lets the next kernel of the stream launch. Only at the very end: triggering before the output is written let the
-// consumer read stale results (NaNs in vLLM's one-shot path, vLLM #45448).
-__device__ __forceinline__ void allow_successor() {
-#if defined(__CUDA_ARCH__)
-  cudaTriggerProgrammaticLaunchCompletion();
-#endif
-}
-}  // namespace detail
-
 namespace exec {
-
-/// Every fiar kernel. The parameters stay in the constant bank (__grid_constant__), so the operation takes them by
-/// reference without a local copy.
-template <Operation Op>
-__global__ __attribute__((visibility("hidden"))) void __launch_bounds__(Op::max_threads, Op::min_blocks_per_sm)
-    kernel(const __grid_constant__ typename Op::Params p) {
-  detail::wait_for_predecessor();
-  DeviceCtx ctx;
-  Op::run(ctx, p);
-  detail::allow_successor();
-}
 
 /// The architecture (x10) of the image the driver loaded for kernel<Op> on `device` (its binaryVersion; 0 when it
 /// cannot be read). Cached per device.

@@ -11,7 +11,7 @@
 
 #include "../core/prelude.hpp"
 #include "context.hpp"
-#include "host.hpp"
+#include "context_model.hpp"
 
 FIAR_BEGIN_NAMESPACE
 namespace exec {
@@ -33,21 +33,22 @@ concept Operation =
       { Op::max_threads } -> std::convertible_to<int>;
       { Op::min_blocks_per_sm } -> std::convertible_to<int>;
     } && std::is_trivially_copyable_v<typename Op::Params> &&
-    requires(const typename Op::Params& p, const LaunchLimits& limits, HostCtx& ctx) {
+    requires(const typename Op::Params& p, const LaunchLimits& limits, ::fiar::detail::ContextModel& ctx) {
       { Op::shape(p, limits) } -> std::same_as<LaunchShape>;
       Op::run(ctx, p);
     };
 
 /// What the per-token operations share (fiar's Lamport kernels and the epilogue pass): Params with num_tokens and
-/// vecs_per_token, 1024 threads at most and one resident block per SM promised to ptxas (the grid never places two
-/// of a call's blocks on one SM; without the promise ptxas aims at two and spills at 32 registers), spread_shape as
-/// their grid (a token's vectors over a cluster of blocks), on element type T for pattern P (named in launch errors).
+/// vecs_per_token, kMaxSpreadThreads threads at most and one resident block per SM promised to ptxas (the grid never
+/// places two of a call's blocks on one SM; without the promise ptxas aims at two and spills at 32 registers),
+/// spread_shape as their grid (a token's vectors over a cluster of blocks), on element type T for pattern P (named in
+/// launch errors).
 template <class ParamsT, auto P, class T>
 struct PerTokenOperation {
   using Params = ParamsT;
   using value_type = T;
   static constexpr auto pattern = P;
-  static constexpr int max_threads = 1024;
+  static constexpr int max_threads = kMaxSpreadThreads;
   static constexpr int min_blocks_per_sm = 1;
   static constexpr LaunchShape shape(const Params& p, const LaunchLimits& limits) {
     return spread_shape(p.num_tokens, p.vecs_per_token, limits.max_blocks);

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // fiar/platform/cuda_launch.cuh — the definition of CudaPlatform::launch<Op> (nvcc only).
-// Contract: included through <fiar/fiar.cuh>; host headers declare every fiar operation's launch `extern template`,
-// so it is emitted only where <fiar/instantiate.cuh> instantiates it explicitly (one nvcc translation unit per linked
-// module).
+// Contract: included through <fiar/instantiate.cuh>; host headers declare every fiar operation's launch
+// `extern template`, so it is emitted only where <fiar/instantiate.cuh> instantiates it explicitly (one nvcc
+// translation unit per linked module).
 #pragma once
 
 #if !defined(__CUDACC__)
