@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -94,4 +96,26 @@ TEST_CASE("strategy table and capacity", "[trtllm]") {
   CHECK_FALSE(HostWorkspace<__nv_bfloat16>::can_implement(fiar::Topology{.world_size = 8, .node_count = 2}, cfg));
   CHECK(HostWorkspace<__nv_bfloat16>::why_not(t8, {.max_token_num = 64, .hidden_dim = 7}).find("hidden_dim = 7") !=
         std::string::npos);
+}
+
+// The push's and the results' negative-zero replacement: exactly the -0 elements become +0, for every 16-bit value in
+// either half of a word (next to a few values in the other half) and for fp32's words around the sentinel.
+TEST_CASE("sanitize replaces exactly the negative zeros, every 16-bit value in either half", "[trtllm]") {
+  auto reference = [](std::uint32_t w) {
+    if ((w & 0xffffu) == 0x8000u) w &= 0xffff0000u;
+    if ((w >> 16) == 0x8000u) w &= 0x0000ffffu;
+    return w;
+  };
+  int wrong = 0;
+  for (std::uint32_t other : {0x0000u, 0x8000u, 0x7fffu, 0xffffu, 0x0001u, 0x8001u, 0x3c00u}) {
+    for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+      const std::uint32_t low = (other << 16) | h, high = (h << 16) | other;
+      wrong += fiar::exec::sanitize_word<2>(low) != reference(low) ? 1 : 0;
+      wrong += fiar::exec::sanitize_word<2>(high) != reference(high) ? 1 : 0;
+    }
+  }
+  CHECK(wrong == 0);
+  STATIC_REQUIRE(fiar::exec::sanitize_word<4>(0x80000000u) == 0u);
+  STATIC_REQUIRE(fiar::exec::sanitize_word<4>(0x80000001u) == 0x80000001u);
+  STATIC_REQUIRE(fiar::exec::sanitize_word<2>(0x80008000u) == 0u);
 }

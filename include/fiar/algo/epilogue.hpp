@@ -90,9 +90,14 @@ FIAR_HD inline T norm_elem(T y, float s, float weight_bias, T g) {
 }
 
 template <ReduceType T>
-FIAR_HD inline Elems<T> norm_vec(const Vec16& y, float s, const EpilogueParams<T>& e, int vec) {
+FIAR_HD inline Vec16 gamma_vec(const EpilogueParams<T>& e, int vec) {
+  return reinterpret_cast<const Vec16*>(e.gamma)[vec];
+}
+
+// `gv`: gamma's vector for y (loaded early by a lane that owns one vector).
+template <ReduceType T>
+FIAR_HD inline Elems<T> norm_vec(const Vec16& y, float s, const EpilogueParams<T>& e, const Vec16& gv) {
   const Elems<T> yy = unpack<T>(y);
-  const Vec16 gv = reinterpret_cast<const Vec16*>(e.gamma)[vec];
   const Elems<T> g = unpack<T>(gv);
   Elems<T> n;
   FIAR_UNROLL
@@ -140,6 +145,9 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
     const bool single = first < vecs_per_token && first + step >= vecs_per_token;
     const int sub = ctx.lane() % exec::kTokenSumChunk;
     Vec16 kept{};
+    // A lane that owns one vector loads its gamma (weights: no earlier kernel writes them) before the sum is fetched,
+    // so the load overlaps the poll instead of following the cluster's sum of squares.
+    const Vec16 kept_gamma = single ? gamma_vec(e, first) : Vec16{0, 0, 0, 0};
     FIAR_NO_UNROLL
     for (int v0 = first - sub; v0 < vecs_per_token; v0 += step) {
       const int v = v0 + sub;
@@ -161,6 +169,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
       ctx.token_sum_add(v, squares);
     }
     auto y_of = [&](int v) { return single ? kept : load_row(e.residual_out, token, vecs_per_token, v); };
+    auto gamma_of = [&](int v) { return single ? kept_gamma : gamma_vec(e, v); };
     const int hidden = vecs_per_token * kE;
     const float s = 1.0f / sqrtf(ctx.token_sum(vecs_per_token) / static_cast<float>(hidden) + e.eps);
 
@@ -168,7 +177,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
       const float inv_scale = kTraits.quant == Quant::Fp8Static ? 1.0f / *e.scale : 0.0f;
       std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
       for (int v = first; v < vecs_per_token; v += step) {
-        const Elems<T> n = norm_vec<T>(y_of(v), s, e, v);
+        const Elems<T> n = norm_vec<T>(y_of(v), s, e, gamma_of(v));
         if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
         if constexpr (kTraits.quant == Quant::Fp8Static) {
           std::uint8_t q[kE];
@@ -180,7 +189,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
     } else if constexpr (kTraits.quant == Quant::Fp8Dynamic) {
       float amax = 0.0f;
       for (int v = first; v < vecs_per_token; v += step) {
-        const Elems<T> n = norm_vec<T>(y_of(v), s, e, v);
+        const Elems<T> n = norm_vec<T>(y_of(v), s, e, gamma_of(v));
         if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
         FIAR_UNROLL
         for (int i = 0; i < kE; ++i) amax = fmaxf(amax, fabsf(to_float(n.e[i])));
@@ -188,7 +197,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
       const float token_scale = fp8_dynamic_scale(ctx.cluster_max(amax));
       std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
       for (int v = first; v < vecs_per_token; v += step) {
-        const Elems<T> n = norm_vec<T>(y_of(v), s, e, v);
+        const Elems<T> n = norm_vec<T>(y_of(v), s, e, gamma_of(v));
         std::uint8_t q[kE];
         FIAR_UNROLL
         for (int i = 0; i < kE; ++i) q[i] = to_fp8_e4m3(to_float(n.e[i]) / token_scale);
@@ -214,7 +223,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
           float amax = 0.0f;
           for (int half = 0; half < 2; ++half) {
             const int v = 2 * u + half;
-            const Elems<T> nv = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, v);
+            const Elems<T> nv = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, gamma_vec(e, v));
             if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(nv));
             FIAR_UNROLL
             for (int i = 0; i < kE; ++i) {

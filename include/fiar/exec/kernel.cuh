@@ -51,10 +51,44 @@ int image_arch(int device) {
 
 /// Launches kernel<Op>(p) on `stream` with `shape` (device `device` current), with programmatic dependent launch
 /// when `pdl` is asked for and the loaded image is sm_90 or newer.
+/// The largest cluster of kernel<Op> (8, 4, 2 or 1 blocks) of which the current device `device` can hold one resident
+/// (cudaOccupancyMaxActiveClusters at Op's most threads per block): a MIG slice or a green context with few SMs per
+/// GPC may not fit 8. Cached per device. Outputs never depend on the cluster size (the epilogue's sums are
+/// canonical), so a smaller one only spreads a token over fewer blocks.
+template <Operation Op>
+int resident_cluster(int device) {
+  static std::atomic<int> cached[64] = {};
+  if (device < 0 || device >= 64) return kMaxCluster;
+  int cluster = cached[device].load(std::memory_order_relaxed);
+  if (cluster != 0) return cluster;
+  for (cluster = kMaxCluster; cluster > 1; cluster /= 2) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(cluster));
+    config.blockDim = dim3(static_cast<unsigned>(Op::max_threads));
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int resident = 0;
+    if (cudaOccupancyMaxActiveClusters(&resident, kernel<Op>, &config) == cudaSuccess && resident > 0) break;
+    (void)cudaGetLastError();  // an unsupported size is not an error of the next launch
+  }
+  cached[device].store(cluster, std::memory_order_relaxed);
+  return cluster;
+}
+
 template <Operation Op>
 void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cudaStream_t stream, bool pdl,
                       int device) {
   detail::DeviceGuard guard(device);
+  LaunchShape fitted = shape;  // blocks stay a multiple of a halved cluster
+  if (fitted.cluster > 1) {
+    const int most = resident_cluster<Op>(device);
+    while (fitted.cluster > most) fitted.cluster /= 2;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(shape.blocks));
   config.blockDim = dim3(static_cast<unsigned>(shape.threads));
@@ -67,9 +101,9 @@ void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cu
     attributes[count].val.programmaticStreamSerializationAllowed = 1;
     ++count;
   }
-  if (shape.cluster > 1) {
+  if (fitted.cluster > 1) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = static_cast<unsigned>(shape.cluster);
+    attributes[count].val.clusterDim.x = static_cast<unsigned>(fitted.cluster);
     attributes[count].val.clusterDim.y = 1;
     attributes[count].val.clusterDim.z = 1;
     ++count;
