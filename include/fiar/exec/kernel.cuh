@@ -49,8 +49,6 @@ int image_arch(int device) {
   return arch;
 }
 
-/// Launches kernel<Op>(p) on `stream` with `shape` (device `device` current), with programmatic dependent launch
-/// when `pdl` is asked for and the loaded image is sm_90 or newer.
 /// The largest cluster of kernel<Op> (8, 4, 2 or 1 blocks) of which the current device `device` can hold one resident
 /// (cudaOccupancyMaxActiveClusters at Op's most threads per block): a MIG slice or a green context with few SMs per
 /// GPC may not fit 8. Cached per device. Outputs never depend on the cluster size (the epilogue's sums are
@@ -80,6 +78,9 @@ int resident_cluster(int device) {
   return cluster;
 }
 
+/// Launches kernel<Op>(p) on `stream` with `shape` (device `device` current), with programmatic dependent launch
+/// when `pdl` is asked for and the loaded image is sm_90 or newer.
+/// A cluster the device cannot hold resident is halved (resident_cluster).
 template <Operation Op>
 void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cudaStream_t stream, bool pdl,
                       int device) {
