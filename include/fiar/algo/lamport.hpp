@@ -207,9 +207,10 @@ FIAR_HD inline bool digest_matches(Ctx& ctx, ErrorRecord* error, const DigestChe
 
 // The sum, in rank order in fp32, of the W slots `first + r * stride` (r = 0 .. W-1) of this rank's buffer. A batch of
 // kPollBatch loads is issued back to back and reissued whole while any of its words holds the sentinel, so after the
-// last peer's data lands one round trip follows. `digest` (if set) is loaded in the first batch too and compared
-// when that batch is complete: a lane's digest check costs no round trip of its own. `ok` turns false when a slot
-// did not arrive or the digest differs; at the deadline every rank still missing in the call is named.
+// last peer's data lands one round trip follows. `digest` (if set) is loaded with the first batch, reissued with it
+// while late, and compared as soon as it is there: a lane's digest check costs no round trip of its own. `ok` turns
+// false when a slot did not arrive or the digest differs; at the deadline every rank still missing in the call is
+// named.
 FIAR_EXEC_CHECK_DISABLE
 template <ReduceType T, class Ctx>
 FIAR_HD inline FloatPack<T> reduce_slots(Ctx& ctx, const std::uint32_t* first, std::uint32_t stride, int world,
