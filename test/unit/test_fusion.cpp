@@ -6,6 +6,10 @@
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>
 
+#include <cstdint>
+#include <cstring>
+#include <random>
+
 #include "../common/fusion_reference.hpp"
 #include "../common/host_fusion_harness.hpp"
 
@@ -26,6 +30,41 @@ TEMPLATE_TEST_CASE("every pattern x world size x hidden size matches the referen
   run_and_check<Pattern::ResidualRmsNormFp8, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, strategy, true);
   if constexpr (sizeof(TestType) == 2) run_and_check<Pattern::ResidualRmsNormNvfp4, TestType>(s, strategy, true);
+}
+
+// The norm's mean is fp32(fp64(ss) x fp64(1 / H)) on both machines (no division routine in the kernels); docs/design.md
+// promises that it is the IEEE fp32 quotient ss / H for every normal quotient and H up to 2^17. Checked here for every
+// H to 1024 and a stride beyond, on random sums of squares and on sums whose quotient is exact (mantissa a multiple
+// of H), against the plain fp32 division.
+TEST_CASE("the norm's mean, fp64 ss x (1 / H), is the fp32 quotient ss / H", "[fusion]") {
+  std::mt19937 rng(7);
+  int checked = 0, differing = 0;
+  for (int h = 1; h <= 131072; h += h < 1024 ? 1 : 97) {
+    const double inv = 1.0 / static_cast<double>(h);
+    for (int k = 0; k < 48; ++k) {
+      std::uint32_t mantissa = rng() & 0x7fffffu;
+      if (k % 3 == 0) {  // ss / H exact: (2^23 + mantissa) a multiple of H's odd part
+        int odd = h;
+        while (odd % 2 == 0) odd /= 2;
+        const std::uint32_t full =
+            (0x800000u + mantissa) / static_cast<std::uint32_t>(odd) * static_cast<std::uint32_t>(odd);
+        if (full < 0x800000u) continue;
+        mantissa = full - 0x800000u;
+      }
+      const std::uint32_t exponent = 27u + rng() % 200u;  // 2^-100 .. 2^100: the quotient stays normal
+      const std::uint32_t bits = exponent << 23 | mantissa;
+      float ss;
+      std::memcpy(&ss, &bits, sizeof(ss));
+      const float got = fiar::algo::detail::norm_mean(ss, inv), want = ss / static_cast<float>(h);
+      ++checked;
+      if (std::memcmp(&got, &want, sizeof(got)) != 0 && differing++ < 5) {
+        UNSCOPED_INFO("H " << h << ", ss " << ss << ": " << got << " instead of " << want);
+      }
+    }
+  }
+  CAPTURE(checked);
+  CHECK(checked > 100000);
+  CHECK(differing == 0);
 }
 
 TEST_CASE("Gemma-style (1 + gamma) norms, both strategies, with and without norm_out", "[fusion]") {

@@ -33,6 +33,19 @@ FIAR_HD inline float fma_rn(float a, float b, float c) {
 #endif
 }
 
+/// a + b rounded to nearest, subnormals kept, on both machines whatever the compiler's flags: under -ftz=true (part of
+/// --use_fast_math) nvcc emits add.ftz.f32 for `a + b` and __fadd_rn, which flushes a subnormal sum to a zero of its
+/// sign, so a sum could become -0 (and collide with the Lamport sentinel); add.rn.f32 written out never flushes.
+FIAR_HD inline float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a + b;
+#endif
+}
+
 template <ReduceType T>
 FIAR_HD inline float to_float(T x) {
   if constexpr (std::is_same_v<T, float>) {
@@ -72,7 +85,7 @@ FIAR_HD inline void unpack_add(const Vec16& in, FloatPack<T>& acc) {
   T e[kElemsPerVec<T>];
   memcpy(static_cast<void*>(e), &in, sizeof(in));
   FIAR_UNROLL
-  for (int i = 0; i < kElemsPerVec<T>; ++i) acc.v[i] += to_float(e[i]);
+  for (int i = 0; i < kElemsPerVec<T>; ++i) acc.v[i] = add_rn(acc.v[i], to_float(e[i]));
 }
 
 /// The elements of f rounded to T, as one Vec16.

@@ -36,11 +36,13 @@ struct EpilogueParams {
   float eps;
   float weight_bias;  ///< 0: standard RMSNorm; 1: (1 + gamma), Gemma style
   ScaleLayout layout;
+  double inv_hidden;  ///< 1 / hidden_dim in fp64 (the norm's mean: docs/design.md); 0: the kernel divides itself
 };
 
-/// The fused epilogue's parameters of a call.
+/// The fused epilogue's parameters of a call; with hidden_dim, also the norm's 1 / hidden_dim (the backends pass it;
+/// without it each norm kernel computes it itself, a fp64 division).
 template <ReduceType T>
-EpilogueParams<T> epilogue_params(const FusedArgs<T>& a) {
+EpilogueParams<T> epilogue_params(const FusedArgs<T>& a, int hidden_dim = 0) {
   return EpilogueParams<T>{a.residual_in,
                            a.residual_out,
                            a.gamma,
@@ -51,18 +53,25 @@ EpilogueParams<T> epilogue_params(const FusedArgs<T>& a) {
                            static_cast<std::uint8_t*>(a.block_scale_out),
                            a.eps,
                            a.weight_bias,
-                           a.layout};
+                           a.layout,
+                           hidden_dim > 0 ? 1.0 / static_cast<double>(hidden_dim) : 0.0};
 }
 
 namespace detail {
 
+// Vector `vec` of row `token`: a 32-bit vector index (a call's tensors are far below 2^32 vectors), so the address is
+// one wide multiply-add.
+FIAR_HD inline std::uint32_t row_vec(int token, int vecs_per_token, int vec) {
+  return static_cast<std::uint32_t>(token) * static_cast<std::uint32_t>(vecs_per_token) +
+         static_cast<std::uint32_t>(vec);
+}
 template <ReduceType T>
 FIAR_HD inline Vec16 load_row(const T* base, int token, int vecs_per_token, int vec) {
-  return reinterpret_cast<const Vec16*>(base)[static_cast<std::size_t>(token) * vecs_per_token + vec];
+  return reinterpret_cast<const Vec16*>(base)[row_vec(token, vecs_per_token, vec)];
 }
 template <ReduceType T>
 FIAR_HD inline void store_row(T* base, int token, int vecs_per_token, int vec, const Vec16& v) {
-  reinterpret_cast<Vec16*>(base)[static_cast<std::size_t>(token) * vecs_per_token + vec] = v;
+  reinterpret_cast<Vec16*>(base)[row_vec(token, vecs_per_token, vec)] = v;
 }
 
 template <ReduceType T>
@@ -81,6 +90,14 @@ FIAR_HD inline Vec16 repack(const Elems<T>& e) {
   Vec16 v;
   memcpy(&v, static_cast<const void*>(e.e), sizeof(v));
   return v;
+}
+
+// The norm's mean ss / H, correctly rounded to fp32 for every normal quotient (an exact fp32 division's bits) without
+// a division: fp64(ss) x fp64(1 / H) is within 2^-52 relative of ss / H, and for integer H <= 2^17 no normal fp32
+// quotient lies that close to a rounding midpoint of fp32 (docs/design.md, "Fusion numerics"). The same fp64
+// operations on both machines; no division routine (with its out-of-line slow path) in the kernel.
+FIAR_HD inline float norm_mean(float ss, double inv_hidden) {
+  return static_cast<float>(static_cast<double>(ss) * inv_hidden);
 }
 
 // The RMSNorm output element: T(y * s * (weight_bias + gamma)), evaluated left to right in fp32.
@@ -171,7 +188,9 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
     auto y_of = [&](int v) { return single ? kept : load_row(e.residual_out, token, vecs_per_token, v); };
     auto gamma_of = [&](int v) { return single ? kept_gamma : gamma_vec(e, v); };
     const int hidden = vecs_per_token * kE;
-    const float s = 1.0f / sqrtf(ctx.token_sum(vecs_per_token) / static_cast<float>(hidden) + e.eps);
+    // The same fp64 value either way (1 / H rounded once), so the bits do not depend on who computed it.
+    const double inv_hidden = e.inv_hidden != 0.0 ? e.inv_hidden : 1.0 / static_cast<double>(hidden);
+    const float s = 1.0f / sqrtf(norm_mean(ctx.token_sum(vecs_per_token), inv_hidden) + e.eps);
 
     if constexpr (kTraits.quant == Quant::None || kTraits.quant == Quant::Fp8Static) {
       const float inv_scale = kTraits.quant == Quant::Fp8Static ? 1.0f / *e.scale : 0.0f;
@@ -237,8 +256,8 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
           const float factor = sf_value == 0.0f ? 0.0f : global / sf_value;
           std::uint64_t packed = 0;
           FIAR_UNROLL
-          for (int i = 0; i < kNvfp4Block; ++i) {
-            packed |= static_cast<std::uint64_t>(to_fp4_e2m1(n[i] * factor)) << (4 * i);
+          for (int i = 0; i < kNvfp4Block; i += 2) {
+            packed |= static_cast<std::uint64_t>(to_fp4_e2m1x2(n[i] * factor, n[i + 1] * factor)) << (4 * i);
           }
           *reinterpret_cast<std::uint64_t*>(qrow + static_cast<std::size_t>(u) * 8) = packed;
           e.block_scale_out[at] = sf;

@@ -48,6 +48,7 @@ template <Pattern P, ReduceType T>
 struct EpiloguePass : exec::PerTokenOperation<EpiloguePassParams<T>, P, T> {
   using Params = EpiloguePassParams<T>;
   static constexpr const char* name = "epilogue pass";
+  static constexpr int min_arch = pattern_traits(P).min_arch;  ///< NVFP4: sm_100 and newer
   FIAR_EXEC_CHECK_DISABLE
   template <class Ctx>
   FIAR_HD static void run(Ctx& ctx, const Params& p) {

@@ -37,11 +37,14 @@ using MulticastView = exec::MulticastView;
 inline constexpr int kLamportBuffers = 3;
 
 /// Protocol state of one rank, in that rank's memory, advanced only by the kernels.
-struct LamportState {
+/// The first four words are read and written 16 bytes at a time (one load when a call begins, one store when it ends).
+struct alignas(16) LamportState {
   std::uint32_t call;            ///< calls completed (wraps at 2^32; names calls in digests and errors only)
-  std::uint32_t dirty_words[3];  ///< words each buffer's last call wrote (cleared two calls later)
-  std::uint32_t arrived;         ///< blocks of the running call that have finished
   std::uint32_t buffer;          ///< the buffer the next call uses, 0 to 2 (not call % 3: 2^32 is 1 mod 3)
+  std::uint32_t arrived;         ///< blocks of the running call that have finished
+  std::uint32_t reserved;        ///< 0
+  std::uint32_t dirty_words[3];  ///< words each buffer's last call wrote (cleared two calls later)
+  std::uint32_t reserved2;       ///< 0
 };
 
 /// Where a kernel reports a failure; host-visible, read by Workspace::check().
@@ -122,14 +125,15 @@ FIAR_NOINLINE FIAR_HD void raise_code(Ctx& ctx, ErrorRecord* error, std::uint32_
 }
 
 // Records that the ranks of `late` (bit i: rank r0 + i; r0 % 32 + the mask's width stays within one word: r0 is a
-// multiple of kPollBatch, or late is one bit) never delivered, and raises the timeout. Out of line: a kernel's hot
-// loop carries only the call.
+// multiple of kPollBatch, or late is one bit) and rank `also` (if >= 0) never delivered, and raises the timeout. Out
+// of line: a kernel's hot loop carries only the call.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_NOINLINE FIAR_HD void record_timeout(Ctx& ctx, ErrorRecord* error, int r0, std::uint32_t late, bool relayed,
-                                          std::uint32_t call) {
+FIAR_NOINLINE FIAR_HD void record_timeout(Ctx& ctx, ErrorRecord* error, int r0, std::uint32_t late, int also,
+                                          bool relayed, std::uint32_t call) {
   std::uint32_t* mask = relayed ? error->stalled : error->missing;
-  ctx.fetch_or_relaxed(mask + (r0 >> 5), late << (r0 & 31));
+  if (late != 0) ctx.fetch_or_relaxed(mask + (r0 >> 5), late << (r0 & 31));
+  if (also >= 0) ctx.fetch_or_relaxed(mask + (also >> 5), 1u << (also & 31));
   ctx.store_relaxed(&error->call, call);
   raise_code(ctx, error, kErrorTimeout);
 }
@@ -152,27 +156,29 @@ struct PollSite {
   std::uint32_t call;
 };
 
-// Whether a wait should end now: the call already failed here (deadline 0), another lane of this rank saw a
-// mismatch (its data may never come), or the deadline passed.
+// Whether a wait should end now: 0 no; 2 yes, silently: the call already failed here (deadline 0) or another lane of
+// this rank saw a mismatch (its data may never come); 1 yes, the deadline passed (the waiter records who is late).
+inline constexpr int kKeepWaiting = 0;
+inline constexpr int kTimedOut = 1;
+inline constexpr int kGaveUp = 2;
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline bool give_up(Ctx& ctx, const PollSite& site, bool& timed_out) {
-  if (site.deadline == 0) return true;
-  if ((ctx.load_relaxed(&site.error->code) & kErrorMismatch) != 0) return true;
-  timed_out = ctx.now_ns() > site.deadline;
-  return timed_out;
+FIAR_HD inline int give_up(Ctx& ctx, const PollSite& site) {
+  if (site.deadline == 0 || (ctx.load_relaxed(&site.error->code) & kErrorMismatch) != 0) return kGaveUp;
+  return ctx.now_ns() > site.deadline ? kTimedOut : kKeepWaiting;
 }
 
 // One 16-byte word of this rank's buffer, polled until no word is the sentinel; `peer` sent it (`relayed`: it only
-// forwards a result it reduced, two-shot). Returns false when the wait ended without it (recorded at the deadline).
+// forwards a result it reduced, two-shot). Still holds a sentinel when the wait ended without it (recorded at the
+// deadline).
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, const PollSite& site, int peer, bool relayed) {
   Vec16 v = ctx.load16(p);
   while (exec::has_sentinel(v)) {
-    bool timed_out = false;
-    if (give_up(ctx, site, timed_out)) {
-      if (timed_out) record_timeout(ctx, site.error, peer, 1u, relayed, site.call);
+    const int verdict = give_up(ctx, site);
+    if (verdict != kKeepWaiting) {
+      if (verdict == kTimedOut) record_timeout(ctx, site.error, peer, 1u, -1, relayed, site.call);
       break;
     }
     ctx.pause();
@@ -181,19 +187,21 @@ FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, const PollSite& site
   return v;
 }
 
-// Bit i set: slot i of the batch holds a sentinel word.
-FIAR_HD inline std::uint32_t late_mask(const Vec16 (&y)[kPollBatch], int n) {
+// Bit i set: slot i of the batch holds a sentinel word (slots past the last rank hold zeros).
+FIAR_HD inline std::uint32_t late_mask(const Vec16 (&y)[kPollBatch]) {
   std::uint32_t late = 0;
   FIAR_UNROLL
-  for (int i = 0; i < kPollBatch; ++i) late |= (i < n && exec::has_sentinel(y[i]) ? 1u : 0u) << i;
+  for (int i = 0; i < kPollBatch; ++i) late |= (exec::has_sentinel(y[i]) ? 1u : 0u) << i;
   return late;
 }
 
-// A digest one lane checks along with its first data batch: its slot in the header, the value, the rank that sent it.
+// The digests one poll checks along with its data batches: the slot in the header of the next one (rank `rank`), its
+// value once loaded, and how many ranks on the one after it lies (0: none after this one).
 struct DigestCheck {
   const std::uint32_t* at;  ///< null: nothing (more) to check
   Vec16 value;
   int rank;
+  int step;
 };
 
 // Compares a digest that arrived with this rank's own; a mismatch is recorded (out of line) and fails the call here.
@@ -208,55 +216,69 @@ FIAR_HD inline bool digest_matches(Ctx& ctx, ErrorRecord* error, const DigestChe
 // The sum, in rank order in fp32, of the W slots `first + r * stride` (r = 0 .. W-1) of this rank's buffer. A batch of
 // kPollBatch loads is issued back to back and reissued whole while any of its words holds the sentinel, so after the
 // last peer's data lands one round trip follows. `digest` (if set) is loaded with the first batch, reissued with it
-// while late, and compared as soon as it is there: a lane's digest check costs no round trip of its own. `ok` turns
-// false when a slot did not arrive or the digest differs; at the deadline every rank still missing in the call is
-// named.
+// while late, and compared as soon as it is there: a digest check costs no round trip of its own. Its next ones (ranks
+// rank + step, + 2 step, ... below W) ride on the following batches, past the data if need be (batches without data
+// slots add nothing). `ok` turns false when a slot did not arrive or a digest differs; at the deadline every rank
+// still missing in the call is named.
+// No element of the sum is -0, in fp32 or rounded to T, so no word of pack<T>(sum) is the sentinel and a two-shot
+// owner can forward it as it is: the inputs are sanitized (never -0), the adds keep subnormals (add_rn), and every
+// partial sum is a multiple of T's smallest subnormal u (exact while below 2^24 u, a multiple of its own ulp >= u
+// above), so a non-zero sum is at least u in magnitude and rounds to a non-zero T; a zero sum is +0 (x + (-x) is +0
+// when rounding to nearest, and the accumulator starts at +0).
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
+template <ReduceType T, bool kDigestWalk, class Ctx>
 FIAR_HD inline FloatPack<T> reduce_slots(Ctx& ctx, const std::uint32_t* first, std::uint32_t stride, int world,
                                          const PollSite& site, bool& ok, DigestCheck& digest, const Vec16& mine) {
   FloatPack<T> acc{};
-  // 0: waiting; 1: a wait timed out (later batches are read once and what is late is named); 2: gave up silently.
-  int gave_up = 0;
+  // Slot addresses step by a 64-bit byte stride: one add per slot, no per-slot index arithmetic.
+  const std::size_t step = static_cast<std::size_t>(stride) * sizeof(std::uint32_t);
+  const char* batch = reinterpret_cast<const char*>(first);
+  // kKeepWaiting; kTimedOut (later batches are read once and what is late is named); kGaveUp (silently).
+  int gave_up = kKeepWaiting;
   FIAR_NO_UNROLL
-  for (int r0 = 0; r0 < world; r0 += kPollBatch) {
-    const int n = world - r0 < kPollBatch ? world - r0 : kPollBatch;
+  for (int r0 = 0; r0 < world || (kDigestWalk && digest.at != nullptr); r0 += kPollBatch, batch += kPollBatch * step) {
+    const int n = world - r0 < kPollBatch ? world - r0 : kPollBatch;  // <= 0: a batch that only carries a digest
     Vec16 y[kPollBatch];
     std::uint32_t late = 0;
     bool digest_late = false;
     for (;;) {  // the batch (and a pending digest) loaded together, again after each back-off
+      const char* q = batch;
       FIAR_UNROLL
-      for (int i = 0; i < kPollBatch; ++i) {
-        y[i] = i < n ? ctx.load16(first + static_cast<std::uint32_t>(r0 + i) * stride) : Vec16{0, 0, 0, 0};
+      for (int i = 0; i < kPollBatch; ++i, q += step) {
+        y[i] = i < n ? ctx.load16(reinterpret_cast<const std::uint32_t*>(q)) : Vec16{0, 0, 0, 0};
       }
       if (digest.at != nullptr) digest.value = ctx.load16(digest.at);
-      late = late_mask(y, n);
+      late = late_mask(y);
       digest_late = digest.at != nullptr && exec::has_sentinel(digest.value);
       if (digest.at != nullptr && !digest_late) {
         // Compared as soon as it is here, data or not: a differing call may never send the data this lane waits for.
         if (!digest_matches(ctx, site.error, digest, mine)) {
           ok = false;
-          gave_up = 2;
+          gave_up = kGaveUp;
+          digest.step = 0;
         }
-        digest.at = nullptr;
+        if constexpr (kDigestWalk) {  // the next one rides on the next batch
+          digest.rank += digest.step;
+          digest.at = digest.step != 0 && digest.rank < world
+                          ? digest.at + static_cast<std::uint32_t>(digest.step) * exec::kWordsPerVec
+                          : nullptr;
+        } else {
+          digest.at = nullptr;
+        }
       }
-      if ((late == 0 && !digest_late) || gave_up != 0) break;
-      bool timed_out = false;
-      if (give_up(ctx, site, timed_out)) {
-        gave_up = timed_out ? 1 : 2;
-        break;
-      }
+      if ((late == 0 && !digest_late) || gave_up != kKeepWaiting) break;
+      gave_up = give_up(ctx, site);
+      if (gave_up != kKeepWaiting) break;
       ctx.pause();
     }
     if (late != 0 || digest_late) {
       ok = false;
-      if (gave_up == 1) {
-        if (late != 0) record_timeout(ctx, site.error, r0, late, false, site.call);
-        if (digest_late) record_timeout(ctx, site.error, digest.rank, 1u, false, site.call);
+      if (gave_up == kTimedOut) {
+        record_timeout(ctx, site.error, r0, late, digest_late ? digest.rank : -1, false, site.call);
       }
       digest.at = nullptr;
     }
-    FIAR_UNROLL  // slots past the last rank hold +0 (the sum never is -0: inputs are sanitized), so all add
+    FIAR_UNROLL  // in rank order; slots past the last rank hold +0 (the sum never is -0: inputs are sanitized)
         for (int i = 0; i < kPollBatch; ++i) unpack_add<T>(y[i], acc);
   }
   return acc;
@@ -268,12 +290,10 @@ FIAR_HD inline FloatPack<T> reduce_slots(Ctx& ctx, const std::uint32_t* first, s
 // griddepcontrol.wait.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline void clear(Ctx& ctx, std::uint32_t* buffer, std::size_t words) {
-  const std::size_t stride =
-      static_cast<std::size_t>(ctx.lanes()) * static_cast<std::size_t>(ctx.blocks()) * fiar::exec::kWordsPerVec;
-  std::size_t i = (static_cast<std::size_t>(ctx.block()) * static_cast<std::size_t>(ctx.lanes()) +
-                   static_cast<std::size_t>(ctx.lane())) *
-                  fiar::exec::kWordsPerVec;
+FIAR_HD inline void clear(Ctx& ctx, std::uint32_t* buffer, std::uint32_t words) {
+  // 32-bit indices: the backend keeps a region below 2^32 words.
+  const auto stride = static_cast<std::uint32_t>(ctx.lanes() * ctx.blocks()) * exec::kWordsPerVec;
+  auto i = static_cast<std::uint32_t>(ctx.block() * ctx.lanes() + ctx.lane()) * exec::kWordsPerVec;
   FIAR_NO_UNROLL
   for (; i < words; i += stride) ctx.store16_weak(buffer + i, exec::sentinel_vec());
 }
@@ -308,9 +328,8 @@ FIAR_HD inline void finish_call(Ctx& ctx, LamportState* state, const CallFrame& 
     const std::uint32_t before = ctx.fetch_add_relaxed(&state->arrived, 1u);
     if (before + 1 == static_cast<std::uint32_t>(ctx.blocks())) {
       ctx.store_relaxed(&state->dirty_words[f.buffer], used_words);
-      ctx.store_relaxed(&state->arrived, 0u);
-      ctx.store_relaxed(&state->buffer, f.buffer + 1 == kLamportBuffers ? 0u : f.buffer + 1);
-      ctx.store_relaxed(&state->call, f.call + 1);
+      // call, buffer, arrived (back to 0) and the reserved word in one 16-byte store
+      ctx.store16(&state->call, Vec16{f.call + 1, f.buffer + 1 == kLamportBuffers ? 0u : f.buffer + 1, 0u, 0u});
     }
   }
 }
@@ -323,19 +342,24 @@ FIAR_HD inline void store_to_all(Ctx& ctx, const LamportParams<T>& p, std::uint3
   if constexpr (X == Transport::Multicast) {
     ctx.multicast_store16(p.multicast, offset, v);
   } else {
+    // A 64-bit byte offset: each store's address is one add to a constant-bank pointer.
+    const std::size_t bytes = static_cast<std::size_t>(offset) * sizeof(std::uint32_t);
+    auto at = [&](int r) { return reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(p.buffers[r]) + bytes); };
     FIAR_UNROLL
     for (int r = 0; r < kPollBatch; ++r) {
-      if (r < p.world_size) ctx.store16(p.buffers[r] + offset, v);
+      if (r < p.world_size) ctx.store16(at(r), v);
     }
     FIAR_NO_UNROLL
-    for (int r = kPollBatch; r < p.world_size; ++r) ctx.store16(p.buffers[r] + offset, v);
+    for (int r = kPollBatch; r < p.world_size; ++r) ctx.store16(at(r), v);
   }
 }
 
 template <ReduceType T>
 FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
-  const Vec16* row = reinterpret_cast<const Vec16*>(p.in) + static_cast<std::size_t>(token) * p.vecs_per_token;
-  return exec::sanitize<sizeof(T)>(row[vec]);
+  // 32-bit vector index (a call's input is far below 2^32 vectors), one wide multiply-add for the address.
+  const auto i = static_cast<std::uint32_t>(token) * static_cast<std::uint32_t>(p.vecs_per_token) +
+                 static_cast<std::uint32_t>(vec);
+  return exec::sanitize<sizeof(T)>(reinterpret_cast<const Vec16*>(p.in)[i]);
 }
 
 FIAR_EXEC_CHECK_DISABLE
@@ -343,8 +367,9 @@ template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportParams<T>& p, std::uint32_t strategy) {
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
   // Relaxed: written by this rank's previous kernel, which griddepcontrol.wait has seen complete.
-  const std::uint32_t call = ctx.load_relaxed(&p.state->call);
-  const std::uint32_t buffer = ctx.load_relaxed(&p.state->buffer);
+  const Vec16 head = ctx.load16(&p.state->call);  // call, buffer, arrived, reserved
+  const std::uint32_t call = head.x;
+  const std::uint32_t buffer = head.y;
   const std::uint32_t prev = buffer == 0 ? kLamportBuffers - 1 : buffer - 1;
   const Vec16 digest{call & 0x7fffffffu, static_cast<std::uint32_t>(p.num_tokens), static_cast<std::uint32_t>(P),
                      strategy};
@@ -372,34 +397,40 @@ FIAR_EXEC_CHECK_DISABLE
 template <ReduceType T, class Ctx>
 FIAR_HD inline DigestCheck first_digest(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
   const int g = ctx.block() * ctx.lanes() + ctx.lane();
-  if (!p.verify || g >= p.world_size) return DigestCheck{nullptr, Vec16{0, 0, 0, 0}, 0};
+  if (!p.verify || g >= p.world_size) return DigestCheck{nullptr, Vec16{0, 0, 0, 0}, 0, 0};
   return DigestCheck{p.buffers[p.rank] + f.cur + static_cast<std::uint32_t>(g) * exec::kWordsPerVec, Vec16{0, 0, 0, 0},
-                     g};
+                     g, 0};
 }
 
-// The digests this lane checks that no data batch carried (a lane without data, or more ranks than grid lanes):
-// polled one by one. Out of line: at decode sizes every checking lane has data, so this is a cold path.
+// Polls the digests of ranks from, from + step, ... (below W) in this rank's header and compares each with `mine`;
+// false when one differs or never came (each recorded; after the first failure the waits end at once). Out of line:
+// the Lamport protocols call it only for digests no data batch carried (a lane without data, or more ranks than grid
+// lanes), a cold path at decode sizes; the in-switch reduction checks every digest with it before its barriers.
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
-FIAR_NOINLINE FIAR_HD void check_remaining_digests(Ctx& ctx, const LamportParams<T>& p, std::uint32_t cur, Vec16 mine,
-                                                   PollSite site, bool pending) {
-  const int lanes = ctx.blocks() * ctx.lanes();
-  const int g = ctx.block() * ctx.lanes() + ctx.lane();
+template <class Ctx>
+FIAR_NOINLINE FIAR_HD bool check_digest_range(Ctx& ctx, const std::uint32_t* header, int world, Vec16 mine,
+                                              PollSite site, int from, int step) {
+  bool ok = true;
   FIAR_NO_UNROLL
-  for (int r = pending ? g : g + lanes; r < p.world_size; r += lanes) {
-    const std::uint32_t* at = p.buffers[p.rank] + cur + static_cast<std::uint32_t>(r) * exec::kWordsPerVec;
+  for (int r = from; r < world; r += step) {
+    const std::uint32_t* at = header + static_cast<std::uint32_t>(r) * exec::kWordsPerVec;
     const Vec16 d = poll(ctx, at, site, r, false);
-    if (!exec::has_sentinel(d)) digest_matches(ctx, site.error, DigestCheck{at, d, r}, mine);
+    if (exec::has_sentinel(d) || !digest_matches(ctx, site.error, DigestCheck{at, d, r, 0}, mine)) ok = false;
   }
+  return ok;
 }
 
-// Whether this lane has digests left to check after its data (see check_remaining_digests).
+// The digests this lane has left to check after its data: its pending one (no data batch carried it), and those of
+// ranks beyond the grid's lanes.
 FIAR_EXEC_CHECK_DISABLE
 template <ReduceType T, class Ctx>
 FIAR_HD inline void finish_digests(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f, const PollSite& site,
                                    const DigestCheck& pending) {
-  if (p.verify && (pending.at != nullptr || p.world_size > ctx.blocks() * ctx.lanes())) {
-    check_remaining_digests(ctx, p, f.cur, f.digest, site, pending.at != nullptr);
+  const int lanes = ctx.blocks() * ctx.lanes();
+  if (p.verify && (pending.at != nullptr || p.world_size > lanes)) {
+    const int g = ctx.block() * ctx.lanes() + ctx.lane();
+    check_digest_range(ctx, p.buffers[p.rank] + f.cur, p.world_size, f.digest, site,
+                       pending.at != nullptr ? g : g + lanes, lanes);
   }
 }
 
@@ -410,15 +441,9 @@ FIAR_EXEC_CHECK_DISABLE
 template <ReduceType T, class Ctx>
 FIAR_HD inline PollSite check_digests(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
   PollSite site{f.deadline, p.error, f.call};
-  if (!p.verify) return site;
-  bool ok = true;
-  FIAR_NO_UNROLL
-  for (int r = 0; r < p.world_size && ok; ++r) {
-    const std::uint32_t* at = p.buffers[p.rank] + f.cur + static_cast<std::uint32_t>(r) * exec::kWordsPerVec;
-    const Vec16 d = poll(ctx, at, site, r, false);
-    ok = !exec::has_sentinel(d) && digest_matches(ctx, site.error, DigestCheck{at, d, r}, f.digest);
+  if (p.verify && !check_digest_range(ctx, p.buffers[p.rank] + f.cur, p.world_size, f.digest, site, 0, 1)) {
+    site.deadline = 0;
   }
-  if (!ok) site.deadline = 0;
   return site;
 }
 
@@ -426,8 +451,8 @@ FIAR_HD inline PollSite check_digests(Ctx& ctx, const LamportParams<T>& p, const
 
 /// Lamport one-shot. Each rank stores its digest into slot [rank] of every rank's header, and its input into slot
 /// [rank] of every rank's current buffer (W unicast stores, or one multicast store); it clears the buffer of the
-/// previous call, then polls the W slots of its own buffer (with one digest per lane of the first W lanes in the
-/// same batch) and sums them in rank order in fp32. Buffer layout: header [source rank], then
+/// previous call, then polls the W slots of its own buffer (element e of the call carrying the digests of ranks e,
+/// e + E, ... in its batches) and sums them in rank order in fp32. Buffer layout: header [source rank], then
 /// [source rank][token][vector]. A token is reduced by one cluster; each lane pushes exactly the vectors it polls.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
@@ -456,20 +481,24 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   // 2. Clear what the previous call wrote into this rank's buffer.
   clear_previous(ctx, p, f);
 
-  // 3. Poll and reduce in rank order (identical bits on every rank), the first batch carrying this lane's digest
-  //    check, then the epilogue.
+  // 3. Poll and reduce in rank order (identical bits on every rank), then the epilogue. The digests ride on the data:
+  //    element e (token t, vector v: e = t x vecs + v) checks the digests of ranks e, e + E, e + 2E, ... below W (E:
+  //    the call's elements), so every rank's digest is checked by exactly one element, whatever the shape.
   const PollSite site{f.deadline, p.error, f.call};
-  DigestCheck digest = first_digest(ctx, p, f);
+  const std::uint32_t* const header = p.buffers[p.rank] + f.cur;
+  const auto elements = static_cast<std::uint32_t>(p.num_tokens) * vecs;
   FIAR_NO_UNROLL
   for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
     finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [&](int v) {
+      const std::uint32_t e = static_cast<std::uint32_t>(t) * vecs + static_cast<std::uint32_t>(v);
+      DigestCheck digest{nullptr, Vec16{0, 0, 0, 0}, static_cast<int>(e), static_cast<int>(elements)};
+      if (p.verify && e < static_cast<std::uint32_t>(p.world_size)) digest.at = header + e * exec::kWordsPerVec;
       bool ok = true;
-      const FloatPack<T> acc = reduce_slots<T>(ctx, p.buffers[p.rank] + slot(0, t, v), rank_stride, p.world_size, site,
-                                               ok, digest, f.digest);
-      return exec::sanitize<sizeof(T)>(pack<T>(acc));
+      const FloatPack<T> acc = reduce_slots<T, true>(ctx, p.buffers[p.rank] + slot(0, t, v), rank_stride, p.world_size,
+                                                     site, ok, digest, f.digest);
+      return pack<T>(acc);  // no element is -0 (reduce_slots)
     });
   }
-  finish_digests(ctx, p, f, site, digest);
   finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
   finish_call(ctx, p.state, f,
@@ -547,9 +576,9 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
     FIAR_NO_UNROLL
     for (int i = lane_id; i < owned * p.vecs_per_token; i += grid_lanes) {
       bool ok = true;
-      const FloatPack<T> acc = reduce_slots<T>(ctx, p.buffers[p.rank] + scatter_slot(0, lt, v), rank_stride,
-                                               p.world_size, site, ok, digest, f.digest);
-      if (ok) store_to_all<X>(ctx, p, gather_slot(first + lt, v), exec::sanitize<sizeof(T)>(pack<T>(acc)));
+      const FloatPack<T> acc = reduce_slots<T, false>(ctx, p.buffers[p.rank] + scatter_slot(0, lt, v), rank_stride,
+                                                      p.world_size, site, ok, digest, f.digest);
+      if (ok) store_to_all<X>(ctx, p, gather_slot(first + lt, v), pack<T>(acc));  // no -0: never the sentinel
       v += dv;
       lt += dt;
       if (v >= p.vecs_per_token) {
@@ -582,6 +611,7 @@ template <Transport X, Pattern P, ReduceType T>
 struct LamportOneShot : exec::PerTokenOperation<LamportParams<T>, P, T> {
   using Params = LamportParams<T>;
   static constexpr const char* name = "lamport one-shot";
+  static constexpr int min_arch = pattern_traits(P).min_arch;  ///< NVFP4: sm_100 and newer
   FIAR_EXEC_CHECK_DISABLE
   template <class Ctx>
   FIAR_HD static void run(Ctx& ctx, const Params& p) {

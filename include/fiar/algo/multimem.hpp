@@ -183,6 +183,7 @@ template <Pattern P, ReduceType T>
 struct MultimemReduce : exec::PerTokenOperation<MultimemParams<T>, P, T> {
   using Params = MultimemParams<T>;  // named here: nvcc's host stub spells the kernel's parameter type through it
   static constexpr const char* name = "multimem";
+  static constexpr int min_arch = pattern_traits(P).min_arch;  ///< NVFP4: sm_100 and newer
   /// The Lamport kernels' launch (a cluster per token), from the call's shape in `base`.
   static constexpr exec::LaunchShape shape(const Params& m, const exec::LaunchLimits& limits) {
     return exec::spread_shape(m.base.num_tokens, m.base.vecs_per_token, limits.max_blocks);

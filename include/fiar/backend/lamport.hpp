@@ -232,7 +232,7 @@ class LamportWorkspace {
     p.timeout_ns =
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.timeout).count());
     p.verify = cfg_.verify_calls;
-    p.epi = algo::epilogue_params(a);
+    p.epi = algo::epilogue_params(a, cfg_.hidden_dim);
     if (s == Strategy::Multimem) {
       // Only mnnvl gets here: Workspace::run rejects Multimem elsewhere (strategy_error).
       if constexpr (kMulticast) {

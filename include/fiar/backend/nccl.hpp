@@ -113,7 +113,7 @@ class NcclWorkspaceBase {
   template <Pattern P>
   void run_epilogue(const FusedArgs<T>& a, const T* sum, cudaStream_t stream) {
     const algo::EpiloguePassParams<T> p{sum, nullptr, a.num_tokens, vecs_per_token(cfg_.hidden_dim),
-                                        algo::epilogue_params(a)};
+                                        algo::epilogue_params(a, cfg_.hidden_dim)};
     platform_.template launch<NcclEpilogue<P, T>>(p, stream);
   }
 

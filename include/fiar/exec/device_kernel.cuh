@@ -44,10 +44,19 @@ namespace exec {
 template <Operation Op>
 __global__ __attribute__((visibility("hidden"))) void __launch_bounds__(Op::max_threads, Op::min_blocks_per_sm)
     kernel(const __grid_constant__ typename Op::Params p) {
-  detail::wait_for_predecessor();
-  DeviceCtx ctx;
-  Op::run(ctx, p);
-  detail::allow_successor();
+#if defined(__CUDA_ARCH__)
+  if constexpr (min_arch_of<Op> * 10 > __CUDA_ARCH__) {
+    // Built for an architecture the operation does not run on (NVFP4 below sm_100: exec::min_arch_of): the host rejects
+    // the call before any launch, so this body is never reached; no code for it, and a trap if it ever is.
+    __trap();
+  } else
+#endif
+  {
+    detail::wait_for_predecessor();
+    DeviceCtx ctx;
+    Op::run(ctx, p);
+    detail::allow_successor();
+  }
 }
 
 }  // namespace exec

@@ -24,7 +24,8 @@ namespace exec {
 ///     static constexpr int min_blocks_per_sm = 0;  // 0: let ptxas choose
 ///     static LaunchShape shape(const Params&, const LaunchLimits&);
 ///     template <ExecutionContext Ctx> FIAR_HD static void run(Ctx&, const Params&);
-///   };
+///     static constexpr int min_arch = 100;         // optional: lowest compute capability x 10 it runs on; the
+///   };                                             // kernel built for an older one is a stub that traps
 template <class Op>
 concept Operation =
     requires {
@@ -37,6 +38,13 @@ concept Operation =
       { Op::shape(p, limits) } -> std::same_as<LaunchShape>;
       Op::run(ctx, p);
     };
+
+/// Op::min_arch, or 0 when the operation runs everywhere (a variable: device code reads it without a host call).
+template <class Op>
+inline constexpr int min_arch_of = 0;
+template <class Op>
+  requires requires { Op::min_arch; }
+inline constexpr int min_arch_of<Op> = Op::min_arch;
 
 /// What the per-token operations share (fiar's Lamport kernels and the epilogue pass): Params with num_tokens and
 /// vecs_per_token, kMaxSpreadThreads threads at most and one resident block per SM promised to ptxas (the grid never
