@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "../common/reference.hpp"
+#include "../common/shm_bootstrap.hpp"
 #include "gpu_device.hpp"
-#include "shm_bootstrap.hpp"
 
 using namespace std::chrono_literals;
 using fiar::Strategy;

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/shm_bootstrap.hpp"
 #include "gpu_support.hpp"
-#include "shm_bootstrap.hpp"
 
 extern char** environ;
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "../../examples/verify.hpp"
+#include "../../tools/verify.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The shared-memory bootstrap of the multi-process GPU test (test/gpu/shm_bootstrap.hpp), on the host:
+// The shared-memory bootstrap of the multi-process GPU test (test/common/shm_bootstrap.hpp), on the host:
 // ranks are fork()ed processes (no CUDA here), each reporting through its exit code.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "../gpu/shm_bootstrap.hpp"
+#include "../common/shm_bootstrap.hpp"
 
 using namespace std::chrono_literals;
 using fiar_test::ShmBootstrap;

@@ -26,10 +26,6 @@
 FIAR_BEGIN_NAMESPACE
 namespace algo {
 
-/// Barrier counters of the in-switch reduction before they became one per token: the workspace now holds
-/// max_token_num counters (one per token a call may have), after the three Lamport buffers of the mnnvl region, zero at
-/// creation. Kept for code that sized buffers with it.
-inline constexpr int kMultimemCounters = 1024;
 /// ErrorRecord::code bit: a multimem barrier timed out (some rank's cluster never arrived; the barrier cannot tell
 /// which).
 inline constexpr std::uint32_t kErrorBarrier = 4;

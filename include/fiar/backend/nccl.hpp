@@ -361,18 +361,19 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
       if (window != nullptr) {
         cuda_check(cudaMemcpyAsync(window, a.in, bytes, cudaMemcpyDeviceToDevice, stream),
                    "cudaMemcpyAsync (the input into the nccl workspace's symmetric window)",
-                   "in and the stream belong to device " + std::to_string(this->platform_.device()));
+                   [&] { return "in and the stream belong to device " + std::to_string(this->platform_.device()); });
       }
-      const std::string call = "ncclAllReduce(" + std::to_string(count) + " x " + std::string(dtype_name<T>()) + ", " +
-                               to_string(P) + (window != nullptr ? ", symmetric window" : "") + ") on rank " +
-                               std::to_string(this->topo_.rank);
       const ncclResult_t r = ncclAllReduce(window != nullptr ? window : a.in, const_cast<T*>(sum), count,
                                            nccl_type<T>(), ncclSum, comm_.get(), stream);
-      if (r != ncclSuccess) enqueued(r, call);
+      if (r != ncclSuccess) {  // the call's text only now: no string on the success path
+        enqueued(r, "ncclAllReduce(" + std::to_string(count) + " x " + std::string(dtype_name<T>()) + ", " +
+                        to_string(P) + (window != nullptr ? ", symmetric window" : "") + ") on rank " +
+                        std::to_string(this->topo_.rank));
+      }
       if (window != nullptr && P == Pattern::AllReduce) {
         cuda_check(cudaMemcpyAsync(a.out, window, bytes, cudaMemcpyDeviceToDevice, stream),
                    "cudaMemcpyAsync (the sum out of the nccl workspace's symmetric window)",
-                   "out belongs to device " + std::to_string(this->platform_.device()));
+                   [&] { return "out belongs to device " + std::to_string(this->platform_.device()); });
       }
     }
     if constexpr (P != Pattern::AllReduce) this->template run_epilogue<P>(a, sum, stream);
@@ -674,7 +675,7 @@ class NcclWorkspace<T, CudaPlatform> : public NcclWorkspaceBase<T, CudaPlatform>
   void watch(cudaStream_t stream) {
     if (pending_) return;
     cuda_check(cudaEventRecord(done_.get(), stream), "cudaEventRecord (timing the nccl workspace's call)",
-               "the stream belongs to device " + std::to_string(this->platform_.device()));
+               [&] { return "the stream belongs to device " + std::to_string(this->platform_.device()); });
     pending_ = true;
     pending_since_ = std::chrono::steady_clock::now();
     pending_call_ = calls_;

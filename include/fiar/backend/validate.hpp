@@ -97,15 +97,17 @@ inline std::string call_where(Pattern pattern, int rank) {
 
 // The call-level checks before the backend's own (strategy) and the pattern's (validate_fused): the strategy is an
 // enumerator, `in` is set, `out` too for a plain all-reduce, and 1 <= num_tokens <= max_token_num.
-inline void validate_call_basics(const std::string& where, Pattern pattern, Strategy strategy, const void* in,
-                                 const void* out, int num_tokens, int max_token_num) {
-  if (!is_valid(strategy)) throw std::invalid_argument(where + strategy_value_text(strategy));
+// The message's opening is written only when a check fails: no string on the success path.
+inline void validate_call_basics(int rank, Pattern pattern, Strategy strategy, const void* in, const void* out,
+                                 int num_tokens, int max_token_num) {
+  auto where = [&] { return call_where(pattern, rank); };
+  if (!is_valid(strategy)) throw std::invalid_argument(where() + strategy_value_text(strategy));
   if (in == nullptr || (pattern == Pattern::AllReduce && out == nullptr)) {
-    throw std::invalid_argument(where + (in == nullptr ? "in" : "out") +
+    throw std::invalid_argument(where() + (in == nullptr ? "in" : "out") +
                                 " is a null pointer. Fix: pass [num_tokens, hidden_dim] buffers.");
   }
   if (num_tokens < 1 || num_tokens > max_token_num) {
-    throw std::invalid_argument(where + "num_tokens = " + std::to_string(num_tokens) +
+    throw std::invalid_argument(where() + "num_tokens = " + std::to_string(num_tokens) +
                                 "; allowed: 1 to max_token_num = " + std::to_string(max_token_num) +
                                 ". Fix: split the call, or create the workspace with a larger max_token_num.");
   }
@@ -166,34 +168,36 @@ struct CallView {
 template <class Pf>
 void validate_call_view(const CallView& c, const Pf& platform) {
   const PatternTraits& traits = *c.traits;
-  const std::string where = call_where(traits.pattern, c.rank);
-  const std::string name = traits.name;
+  // The message's opening is written only when a check fails: no string on the success path.
+  auto where = [&] { return call_where(traits.pattern, c.rank); };
+  const char* const name = traits.name;
   if (traits.needs_16bit && c.elem_bytes != 2) {
-    throw std::invalid_argument(where + "the input is " + std::string(c.dtype) + "; " + traits.feature +
+    throw std::invalid_argument(where() + "the input is " + std::string(c.dtype) + "; " + traits.feature +
                                 " takes 16-bit input (half or bf16). Fix: run the all-reduce in half or bf16, or use " +
                                 traits.alternative + ".");
   }
   if (traits.min_arch > 0 && c.arch < traits.min_arch) {
     throw std::invalid_argument(
-        where + traits.feature + " needs " + arch_name(traits.min_arch) + " or newer, and this workspace runs on " +
+        where() + traits.feature + " needs " + arch_name(traits.min_arch) + " or newer, and this workspace runs on " +
         (c.arch == 0 ? std::string("an unknown architecture (Topology::arch = 0)") : arch_name(c.arch)) +
         ". Fix: use " + traits.alternative + " on this GPU (on the host emulator, set Topology::arch to " +
         std::to_string(traits.min_arch) + " to emulate it).");
   }
   if (c.hidden_dim % traits.hidden_multiple != 0) {
-    throw std::invalid_argument(where + "hidden_dim = " + std::to_string(c.hidden_dim) + "; " + traits.feature +
+    throw std::invalid_argument(where() + "hidden_dim = " + std::to_string(c.hidden_dim) + "; " + traits.feature +
                                 " needs a multiple of " + std::to_string(traits.hidden_multiple) +
                                 ". Fix: pad the hidden dimension to a multiple of " +
                                 std::to_string(traits.hidden_multiple) + ".");
   }
   if (traits.norm && (!(c.eps >= 0.0f) || !std::isfinite(c.eps) || !std::isfinite(c.weight_bias))) {
-    throw std::invalid_argument(where + "eps = " + float_text(c.eps) + ", weight_bias = " + float_text(c.weight_bias) +
+    throw std::invalid_argument(where() + "eps = " + float_text(c.eps) +
+                                ", weight_bias = " + float_text(c.weight_bias) +
                                 "; allowed: a finite eps >= 0 and a finite weight_bias. Fix: pass the model's RMSNorm "
                                 "epsilon and 0 (or 1 for (1 + gamma) norms).");
   }
   auto use = [&](FusedTensor t) { return traits.use[static_cast<int>(t)]; };
   if (use(FusedTensor::BlockScaleOut) != TensorUse::Unused && !is_valid(c.layout)) {
-    throw std::invalid_argument(where + "ScaleLayout value " + std::to_string(static_cast<int>(c.layout)) +
+    throw std::invalid_argument(where() + "ScaleLayout value " + std::to_string(static_cast<int>(c.layout)) +
                                 " is not a layout; allowed: swizzled128x4, linear. Fix: pass "
                                 "fiar::ScaleLayout::Swizzled128x4 or Linear.");
   }
@@ -206,16 +210,16 @@ void validate_call_view(const CallView& c, const Pf& platform) {
     const void* ptr = c.tensors[i];
     const TensorUse u = use(t);
     if (u == TensorUse::Required && ptr == nullptr) {
-      throw std::invalid_argument(where + label(t) + " is a null pointer; " + name + " needs it. Fix: pass it.");
+      throw std::invalid_argument(where() + label(t) + " is a null pointer; " + name + " needs it. Fix: pass it.");
     }
     if (u == TensorUse::Unused && is_output(t) && ptr != nullptr) {
-      throw std::invalid_argument(where + label(t) + " = " + pointer_text(ptr) + " is set, but " + name +
+      throw std::invalid_argument(where() + label(t) + " = " + pointer_text(ptr) + " is set, but " + name +
                                   " does not write it. Fix: pass nullptr, or the pattern that produces it.");
     }
     if (u == TensorUse::Unused || ptr == nullptr) continue;
     const std::size_t align = tensor_alignment(t);
     if (reinterpret_cast<std::uintptr_t>(ptr) % align != 0) {
-      throw std::invalid_argument(where + label(t) + " = " + pointer_text(ptr) + " is not " + std::to_string(align) +
+      throw std::invalid_argument(where() + label(t) + " = " + pointer_text(ptr) + " is not " + std::to_string(align) +
                                   "-byte aligned. Fix: allocate with cudaMalloc or align the tensor to " +
                                   std::to_string(align) + " bytes.");
     }
@@ -233,7 +237,7 @@ void validate_call_view(const CallView& c, const Pf& platform) {
       const std::size_t xb = bytes(x), yb = bytes(y);
       if (!(a0 < b0 + yb && b0 < a0 + xb)) continue;
       if (a0 == b0 && xb == yb && allowed_alias(x, y)) continue;
-      throw std::invalid_argument(where + label(x) + " (" + pointer_text(c.tensors[i]) + ", " + std::to_string(xb) +
+      throw std::invalid_argument(where() + label(x) + " (" + pointer_text(c.tensors[i]) + ", " + std::to_string(xb) +
                                   " bytes) overlaps " + label(y) + " (" + pointer_text(c.tensors[j]) + ", " +
                                   std::to_string(yb) +
                                   " bytes). Allowed: out == in, norm_out == in, residual_out == residual_in, exactly. "

@@ -346,10 +346,10 @@ class Workspace {
     static_assert(is_valid(Q), "fiar: run<Q>: Q is not a Pattern enumerator");
     impl_.begin_call(stream);
     const Topology& topo = impl_.topology();
-    const std::string where = detail::call_where(Q, topo.rank);
-    detail::validate_call_basics(where, Q, strategy, a.in, a.out, a.num_tokens, impl_.config().max_token_num);
-    if (std::string e = impl_.strategy_error(a.num_tokens, strategy); !e.empty())
-      throw std::invalid_argument(where + e);
+    detail::validate_call_basics(topo.rank, Q, strategy, a.in, a.out, a.num_tokens, impl_.config().max_token_num);
+    if (std::string e = impl_.strategy_error(a.num_tokens, strategy); !e.empty()) {
+      throw std::invalid_argument(detail::call_where(Q, topo.rank) + e);
+    }
     detail::validate_fused<Q, T>(a, impl_.config().hidden_dim, impl_.arch(), topo.rank, impl_.platform());
     impl_.template launch<Q>(a, stream, strategy);
   }

@@ -125,13 +125,6 @@ struct LaunchLimits {
   int max_blocks = 1;  ///< most blocks per launch (CudaPlatform: its SM share; see CudaPlatformOptions::max_blocks)
 };
 
-/// One block per token, at most `max_blocks` (a block loops over tokens beyond that); threads a multiple of 32
-/// covering one token's 16-byte vectors (32 to 1024; a lane loops beyond).
-constexpr LaunchShape per_token_shape(int num_tokens, int vecs_per_token, int max_blocks) {
-  const int threads = std::clamp((vecs_per_token + 31) / 32 * 32, 32, 1024);
-  return LaunchShape{std::max(1, std::min(num_tokens, max_blocks)), threads};
-}
-
 /// Most blocks of one cluster fiar launches (the portable cluster size of sm_90 and sm_100).
 inline constexpr int kMaxCluster = 8;
 

@@ -112,19 +112,25 @@ void launch_on_stream(const typename Op::Params& p, const LaunchShape& shape, cu
   config.attrs = count > 0 ? attributes : nullptr;
   config.numAttrs = count;
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel<Op>, p);
-  std::string what = Op::name;
-  if constexpr (requires {
-                  Op::pattern;
-                  typename Op::value_type;
-                }) {
-    what += ", " + std::string(to_string(Op::pattern)) + ", " + std::string(dtype_name<typename Op::value_type>());
-  }
-  detail::cuda_check(e,
-                     "cudaLaunchKernelEx (" + what + ", " + std::to_string(shape.blocks) + " x " +
-                         std::to_string(shape.threads) + " threads) on device " + std::to_string(device),
-                     "the stream belongs to device " + std::to_string(device) +
-                         ", the binary was built for this GPU's architecture (gpu_archs), and no earlier "
-                         "kernel faulted");
+  // The texts are written only when the launch failed: no string on the success path.
+  detail::cuda_check(
+      e,
+      [&] {
+        std::string what = Op::name;
+        if constexpr (requires {
+                        Op::pattern;
+                        typename Op::value_type;
+                      }) {
+          what +=
+              ", " + std::string(to_string(Op::pattern)) + ", " + std::string(dtype_name<typename Op::value_type>());
+        }
+        return "cudaLaunchKernelEx (" + what + ", " + std::to_string(shape.blocks) + " x " +
+               std::to_string(shape.threads) + " threads) on device " + std::to_string(device);
+      },
+      [&] {
+        return "the stream belongs to device " + std::to_string(device) +
+               ", the binary was built for this GPU's architecture (gpu_archs), and no earlier kernel faulted";
+      });
 }
 
 }  // namespace exec

@@ -55,11 +55,24 @@ inline std::string cuda_failure_text(const std::string& call, cudaError_t e, con
   return "fiar: " + call + " failed: " + describe_cuda(e) + (check.empty() ? "" : ". Check: " + check);
 }
 
-/// Throws fiar::cuda_error when `e` is not cudaSuccess (after clearing the runtime's sticky error).
-inline void cuda_check(cudaError_t e, const std::string& call, const std::string& check) {
+/// A message part: text, or a callable that writes it (so a call's success path builds no string).
+template <class Text>
+std::string text_of(Text&& text) {
+  if constexpr (std::is_invocable_v<Text&>) {
+    return std::string(text());
+  } else {
+    return std::string(std::forward<Text>(text));
+  }
+}
+
+/// Throws fiar::cuda_error when `e` is not cudaSuccess (after clearing the runtime's sticky error). `call` and
+/// `check` are text (a literal costs nothing) or callables returning it, evaluated only on failure: per-call paths
+/// (launches, copies) pass lambdas for anything they would have to build.
+template <class Call, class Check>
+void cuda_check(cudaError_t e, Call&& call, Check&& check) {
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();
-  throw cuda_error(cuda_failure_text(call, e, check), static_cast<int>(e));
+  throw cuda_error(cuda_failure_text(text_of(call), e, text_of(check)), static_cast<int>(e));
 }
 
 /// Makes `device` the calling thread's current device for a scope and restores the previous one. The throwing
@@ -70,8 +83,9 @@ class DeviceGuard {
     int current = -1;
     cuda_check(cudaGetDevice(&current), "cudaGetDevice", "that a CUDA driver and device are present");
     if (current != device) {
-      cuda_check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")",
-                 "that device " + std::to_string(device) + " is visible (CUDA_VISIBLE_DEVICES)");
+      cuda_check(
+          cudaSetDevice(device), [&] { return "cudaSetDevice(" + std::to_string(device) + ")"; },
+          [&] { return "that device " + std::to_string(device) + " is visible (CUDA_VISIBLE_DEVICES)"; });
       previous_ = current;
     }
   }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Command-line handling shared by fiar-check, fiar-demo and fiar-bench (example code, not part of the library).
+// Command-line handling shared by fiar-check, fiar-demo and fiar-bench (tools/, not part of the library).
 // CLI11 reads the command line (--flag value and --flag=value, -h/--help, --version, unknown options, missing
 // values); each tool's converters check the values with the messages the tools always had. Every usage error is
 // one line on stderr and exit status kExitUsage, the same in the three tools.
