@@ -138,9 +138,9 @@ struct DeviceCtx : SystemAtomics {
     cluster_sync();  // every chunk sum of the token is in every block's slots
     const int chunks = (vecs + kTokenSumChunk - 1) / kTokenSumChunk;
     float partial = 0.0f;
-    FIAR_NO_UNROLL  // at most kMaxTokenChunks / 32 steps, one or two at decode sizes: unrolled it costs ~100
-                    // instructions
-        for (int j = static_cast<int>(threadIdx.x & 31u); j < chunks; j += kTokenSumChunk) partial += token_slots()[j];
+    // Not unrolled: at most kMaxTokenChunks / 32 steps, one or two at decode sizes; unrolled it cost ~100 instructions.
+    FIAR_NO_UNROLL
+    for (int j = static_cast<int>(threadIdx.x & 31u); j < chunks; j += kTokenSumChunk) partial += token_slots()[j];
     const float total = warp_sum(partial);
     // No block overwrites its slots (next token) or exits before every lane has read them: the values are already in
     // registers, so a relaxed arrive suffices (no memory fence).
