@@ -22,8 +22,12 @@
 
 namespace fiar_cli {
 
-/// The exit status of a bad command line in every tool (--help and --version exit 0).
-inline constexpr int kExitUsage = 2;
+/// The tools' exit statuses: success, a failure (a mismatch, a failed run or discovery), and a configuration fiar
+/// rejects or a bad command line (--help and --version exit 0).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitRejected = 2;
+inline constexpr int kExitUsage = kExitRejected;
 
 /// A bad command line (a value out of range, options that contradict each other).
 struct UsageError : std::runtime_error {

@@ -37,10 +37,9 @@ using fiar_cli::parse_int;
 using fiar_cli::UsageError;
 using namespace fiar_tools;
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitRejected = 2;
-static_assert(fiar_cli::kExitUsage == kExitRejected);
+using fiar_cli::kExitFailed;
+using fiar_cli::kExitOk;
+using fiar_cli::kExitRejected;
 
 constexpr const char* kUsage = R"(usage: fiar-bench [options]
 

@@ -22,10 +22,9 @@ namespace {
 using fiar_cli::parse_int;
 using fiar_cli::UsageError;
 
-constexpr int kExitValid = 0;
-constexpr int kExitDiscoveryFailed = 1;
-constexpr int kExitRejected = 2;
-static_assert(fiar_cli::kExitUsage == kExitRejected);
+constexpr int kExitValid = fiar_cli::kExitOk;
+constexpr int kExitDiscoveryFailed = fiar_cli::kExitFailed;
+using fiar_cli::kExitRejected;
 
 constexpr const char* kUsage = R"(usage: fiar-check [options]
 

@@ -27,10 +27,9 @@ namespace {
 using fiar_cli::parse_int;
 using namespace fiar_tools;
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitRejected = 2;
-static_assert(fiar_cli::kExitUsage == kExitRejected);
+using fiar_cli::kExitFailed;
+using fiar_cli::kExitOk;
+using fiar_cli::kExitRejected;
 
 constexpr const char* kUsage = R"(usage: fiar-demo [options]
 

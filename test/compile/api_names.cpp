@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The public names docs/api.md lists compile through <fiar/fiar.hpp> with their documented shapes (a g++ TU of the
-// unit tests; nothing here runs). A name that moves or changes its signature breaks this file, and the docs with it.
+// compile-checks target; nothing here runs). A name that moves or changes its signature breaks this file, and the docs
+// with it.
 #include <fiar/fiar.hpp>
 
 #include <concepts>

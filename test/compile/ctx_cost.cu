@@ -48,11 +48,11 @@ __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportP
   const int nthreads = static_cast<int>(blockDim.x);
   const int nblocks = static_cast<int>(gridDim.x);
 
-  for (int t = bid; t < p.num_tokens; t += nblocks) {
-    const Vec16* in = reinterpret_cast<const Vec16*>(p.in) + static_cast<std::size_t>(t) * vecs;
+  for (int t = bid; t < p.epi.num_tokens; t += nblocks) {
+    const Vec16* in = reinterpret_cast<const Vec16*>(p.epi.in) + static_cast<std::size_t>(t) * vecs;
     for (int v = tid; v < p.vecs_per_token; v += nthreads) {
       const Vec16 x = fiar::exec::sanitize<sizeof(T)>(in[v]);
-      const std::size_t at = cur + ((static_cast<std::size_t>(p.rank) * p.num_tokens + t) * vecs + v) * 4;
+      const std::size_t at = cur + ((static_cast<std::size_t>(p.rank) * p.epi.num_tokens + t) * vecs + v) * 4;
       for (int i = 0; i < p.world_size; ++i) store_volatile(p.buffers[(p.rank + 1 + i) % p.world_size] + at, x);
     }
   }
@@ -65,13 +65,13 @@ __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportP
   __syncthreads();
   if (tid == 0) cuda::atomic_thread_fence(cuda::std::memory_order_seq_cst, cuda::thread_scope_system);
 
-  for (int t = bid; t < p.num_tokens; t += nblocks) {
-    Vec16* out = reinterpret_cast<Vec16*>(p.out) + static_cast<std::size_t>(t) * vecs;
+  for (int t = bid; t < p.epi.num_tokens; t += nblocks) {
+    Vec16* out = reinterpret_cast<Vec16*>(p.epi.out) + static_cast<std::size_t>(t) * vecs;
     for (int v = tid; v < p.vecs_per_token; v += nthreads) {
       fiar::algo::FloatPack<T> acc{};
       for (int r = 0; r < p.world_size; ++r) {
         const std::uint32_t* src =
-            p.buffers[p.rank] + cur + ((static_cast<std::size_t>(r) * p.num_tokens + t) * vecs + v) * 4;
+            p.buffers[p.rank] + cur + ((static_cast<std::size_t>(r) * p.epi.num_tokens + t) * vecs + v) * 4;
         Vec16 y = load_volatile(src);
         while (fiar::exec::has_sentinel(y)) {
           if (cuda::ptx::get_sreg_globaltimer() > deadline) {
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(1024) oneshot(const __grid_constant__ LamportP
   if (tid == 0) {
     const std::uint32_t before = Atomic(p.state->arrived).fetch_add(1u, cuda::std::memory_order_acq_rel);
     if (before + 1 == static_cast<std::uint32_t>(nblocks)) {
-      const std::size_t used = static_cast<std::size_t>(p.world_size) * p.num_tokens * vecs * 4;
+      const std::size_t used = static_cast<std::size_t>(p.world_size) * p.epi.num_tokens * vecs * 4;
       Atomic(p.state->dirty_words[call % 3]).store(static_cast<std::uint32_t>(used), cuda::std::memory_order_relaxed);
       Atomic(p.state->arrived).store(0u, cuda::std::memory_order_relaxed);
       Atomic(p.state->call).store(call + 1, cuda::std::memory_order_release);

@@ -22,39 +22,18 @@
 FIAR_BEGIN_NAMESPACE
 namespace algo {
 
-/// The fused outputs and parameters of one call (unused members are null / ignored for a pattern).
+/// One call as its kernels get it: the validated FusedArgs (in, out, num_tokens, the fused outputs and parameters;
+/// unused members are null / ignored for a pattern) and the norm's mean factor.
 template <ReduceType T>
-struct EpilogueParams {
-  const T* residual_in;           ///< [tokens, hidden]
-  T* residual_out;                ///< [tokens, hidden]; may equal residual_in
-  const T* gamma;                 ///< [hidden]
-  T* norm_out;                    ///< [tokens, hidden]; may equal the all-reduce input; optional for quant
-  std::uint8_t* quant_out;        ///< fp8: [tokens, hidden]; nvfp4: [tokens, hidden / 2], low nibble first
-  const float* scale;             ///< device scalar: fp8 static scale, or the nvfp4 global scale
-  float* scale_out;               ///< fp8 dynamic: [tokens]
-  std::uint8_t* block_scale_out;  ///< nvfp4: e4m3 block scales in `layout`
-  float eps;
-  float weight_bias;  ///< 0: standard RMSNorm; 1: (1 + gamma), Gemma style
-  ScaleLayout layout;
-  double inv_hidden;  ///< 1 / hidden_dim in fp64 (the norm's mean: docs/design.md); 0: the kernel divides itself
+struct EpilogueParams : FusedArgs<T> {
+  double inv_hidden = 0.0;  ///< 1 / hidden_dim in fp64 (the norm's mean: docs/design.md); 0: the kernel divides itself
 };
 
-/// The fused epilogue's parameters of a call; with hidden_dim, also the norm's 1 / hidden_dim (the backends pass it;
-/// without it each norm kernel computes it itself, a fp64 division).
+/// A call's kernel parameters; with hidden_dim, also the norm's 1 / hidden_dim (the backends pass it; without it
+/// each norm kernel computes it itself, a fp64 division).
 template <ReduceType T>
 EpilogueParams<T> epilogue_params(const FusedArgs<T>& a, int hidden_dim = 0) {
-  return EpilogueParams<T>{a.residual_in,
-                           a.residual_out,
-                           a.gamma,
-                           a.norm_out,
-                           static_cast<std::uint8_t*>(a.quant_out),
-                           a.scale,
-                           a.scale_out,
-                           static_cast<std::uint8_t*>(a.block_scale_out),
-                           a.eps,
-                           a.weight_bias,
-                           a.layout,
-                           hidden_dim > 0 ? 1.0 / static_cast<double>(hidden_dim) : 0.0};
+  return EpilogueParams<T>{a, hidden_dim > 0 ? 1.0 / static_cast<double>(hidden_dim) : 0.0};
 }
 
 namespace detail {
@@ -194,7 +173,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
 
     if constexpr (kTraits.quant == Quant::None || kTraits.quant == Quant::Fp8Static) {
       const float inv_scale = kTraits.quant == Quant::Fp8Static ? 1.0f / *e.scale : 0.0f;
-      std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
+      std::uint8_t* qrow = static_cast<std::uint8_t*>(e.quant_out) + static_cast<std::size_t>(token) * hidden;
       for (int v = first; v < vecs_per_token; v += step) {
         const Elems<T> n = norm_vec<T>(y_of(v), s, e, gamma_of(v));
         if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
@@ -214,7 +193,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
         for (int i = 0; i < kE; ++i) amax = fmaxf(amax, fabsf(to_float(n.e[i])));
       }
       const float token_scale = fp8_dynamic_scale(ctx.cluster_max(amax));
-      std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * hidden;
+      std::uint8_t* qrow = static_cast<std::uint8_t*>(e.quant_out) + static_cast<std::size_t>(token) * hidden;
       for (int v = first; v < vecs_per_token; v += step) {
         const Elems<T> n = norm_vec<T>(y_of(v), s, e, gamma_of(v));
         std::uint8_t q[kE];
@@ -231,11 +210,11 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
         const float global = *e.scale;
         const int blocks16 = hidden / kNvfp4Block;
         const int padded = e.layout == ScaleLayout::Swizzled128x4 ? round_up(blocks16, 4) : blocks16;
-        std::uint8_t* qrow = e.quant_out + static_cast<std::size_t>(token) * (hidden / 2);
+        std::uint8_t* qrow = static_cast<std::uint8_t*>(e.quant_out) + static_cast<std::size_t>(token) * (hidden / 2);
         for (int u = first; u < padded; u += step) {
           const std::size_t at = nvfp4_scale_offset(token, u, hidden, e.layout);
           if (u >= blocks16) {  // padding column of the swizzled layout
-            e.block_scale_out[at] = 0;
+            static_cast<std::uint8_t*>(e.block_scale_out)[at] = 0;
             continue;
           }
           float n[kNvfp4Block];
@@ -260,7 +239,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
             packed |= static_cast<std::uint64_t>(to_fp4_e2m1x2(n[i] * factor, n[i + 1] * factor)) << (4 * i);
           }
           *reinterpret_cast<std::uint64_t*>(qrow + static_cast<std::size_t>(u) * 8) = packed;
-          e.block_scale_out[at] = sf;
+          static_cast<std::uint8_t*>(e.block_scale_out)[at] = sf;
         }
       }
     }
@@ -280,7 +259,8 @@ FIAR_HD void finish_call_outputs(Ctx& ctx, const EpilogueParams<T>& e, int num_t
     const int k_tiles = round_up(nvfp4_scale_cols(hidden), 4) / 4;
     const int tile = num_tokens / 128;  // the last row tile, partly padding
     const int real = num_tokens % 128;  // its real rows
-    std::uint8_t* base = e.block_scale_out + static_cast<std::size_t>(tile) * static_cast<std::size_t>(k_tiles) * 512;
+    std::uint8_t* base = static_cast<std::uint8_t*>(e.block_scale_out) +
+                         static_cast<std::size_t>(tile) * static_cast<std::size_t>(k_tiles) * 512;
     const int lines = k_tiles * 32;
     const int stride = ctx.blocks() * ctx.lanes();
     // The tensor needs only byte alignment: an unaligned one is zeroed byte by byte (the same bytes).

@@ -78,9 +78,6 @@ inline constexpr std::uint32_t kDigestMultimem = 3;  ///< the in-switch reductio
 /// Everything one rank's kernel needs for one call.
 template <ReduceType T>
 struct LamportParams {
-  const T* in;  ///< [num_tokens, hidden_dim], this rank's contribution
-  T* out;       ///< [num_tokens, hidden_dim], may equal in
-  int num_tokens;
   int vecs_per_token;  ///< hidden_dim * sizeof(T) / 16
   int world_size;
   int rank;
@@ -91,7 +88,7 @@ struct LamportParams {
   ErrorRecord* error;                 ///< this rank's error record
   std::uint64_t timeout_ns;           ///< per call, from the kernel's start
   bool verify;                        ///< exchange and compare call digests (WorkspaceConfig::verify_calls)
-  EpilogueParams<T> epi;              ///< fused outputs (Pattern other than AllReduce)
+  EpilogueParams<T> epi;              ///< the call: in, out, num_tokens and the fused outputs (FusedArgs)
 };
 
 /// Words of a buffer's header: one call digest (one Vec16) per rank, at the start of every Lamport buffer.
@@ -359,7 +356,7 @@ FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
   // 32-bit vector index (a call's input is far below 2^32 vectors), one wide multiply-add for the address.
   const auto i = static_cast<std::uint32_t>(token) * static_cast<std::uint32_t>(p.vecs_per_token) +
                  static_cast<std::uint32_t>(vec);
-  return exec::sanitize<sizeof(T)>(reinterpret_cast<const Vec16*>(p.in)[i]);
+  return exec::sanitize<sizeof(T)>(reinterpret_cast<const Vec16*>(p.epi.in)[i]);
 }
 
 FIAR_EXEC_CHECK_DISABLE
@@ -371,7 +368,7 @@ FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportParams<T>& p, std::ui
   const std::uint32_t call = head.x;
   const std::uint32_t buffer = head.y;
   const std::uint32_t prev = buffer == 0 ? kLamportBuffers - 1 : buffer - 1;
-  const Vec16 digest{call & 0x7fffffffu, static_cast<std::uint32_t>(p.num_tokens), static_cast<std::uint32_t>(P),
+  const Vec16 digest{call & 0x7fffffffu, static_cast<std::uint32_t>(p.epi.num_tokens), static_cast<std::uint32_t>(P),
                      strategy};
   const auto words = static_cast<std::uint32_t>(p.buffer_words);
   return CallFrame{deadline, call, buffer, buffer * words, prev * words, prev, digest};
@@ -461,7 +458,7 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   const CallFrame f = begin_call<P>(ctx, p, kDigestOneShot);
   const auto vecs = static_cast<std::uint32_t>(p.vecs_per_token);
   const std::uint32_t data = f.cur + static_cast<std::uint32_t>(header_words(p.world_size));
-  const std::uint32_t rank_stride = static_cast<std::uint32_t>(p.num_tokens) * vecs * fiar::exec::kWordsPerVec;
+  const std::uint32_t rank_stride = static_cast<std::uint32_t>(p.epi.num_tokens) * vecs * fiar::exec::kWordsPerVec;
   auto slot = [&](int source, int token, int vec) {
     return data + static_cast<std::uint32_t>(source) * rank_stride +
            (static_cast<std::uint32_t>(token) * vecs + static_cast<std::uint32_t>(vec)) * fiar::exec::kWordsPerVec;
@@ -471,7 +468,7 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   // 1. Push this rank's digest and input to every rank: each lane the vectors it will reduce.
   push_digest<X>(ctx, p, f);
   FIAR_NO_UNROLL
-  for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
+  for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
     FIAR_NO_UNROLL
     for (int v = split.first_vec; v < p.vecs_per_token; v += split.vec_step) {
       store_to_all<X>(ctx, p, slot(p.rank, t, v), load_input(p, t, v));
@@ -486,10 +483,10 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   //    the call's elements), so every rank's digest is checked by exactly one element, whatever the shape.
   const PollSite site{f.deadline, p.error, f.call};
   const std::uint32_t* const header = p.buffers[p.rank] + f.cur;
-  const auto elements = static_cast<std::uint32_t>(p.num_tokens) * vecs;
+  const auto elements = static_cast<std::uint32_t>(p.epi.num_tokens) * vecs;
   FIAR_NO_UNROLL
-  for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
-    finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [&](int v) {
+  for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
+    finish_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token, [&](int v) {
       const std::uint32_t e = static_cast<std::uint32_t>(t) * vecs + static_cast<std::uint32_t>(v);
       DigestCheck digest{nullptr, Vec16{0, 0, 0, 0}, static_cast<int>(e), static_cast<int>(elements)};
       if (p.verify && e < static_cast<std::uint32_t>(p.world_size)) digest.at = header + e * exec::kWordsPerVec;
@@ -499,11 +496,11 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
       return pack<T>(acc);  // no element is -0 (reduce_slots)
     });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
+  finish_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
   finish_call(ctx, p.state, f,
               static_cast<std::uint32_t>(header_words(p.world_size) +
-                                         oneshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
+                                         oneshot_words(p.world_size, p.epi.num_tokens, p.vecs_per_token)));
 }
 
 /// Lamport two-shot. Tokens are split into W contiguous chunks; rank o owns chunk o. Each rank stores its digest
@@ -520,7 +517,7 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail;
   const CallFrame f = begin_call<P>(ctx, p, kDigestTwoShot);
   const auto vecs = static_cast<std::uint32_t>(p.vecs_per_token);
-  const int chunk = twoshot_chunk(p.world_size, p.num_tokens);
+  const int chunk = twoshot_chunk(p.world_size, p.epi.num_tokens);
   const std::uint32_t scatter_base = f.cur + static_cast<std::uint32_t>(header_words(p.world_size));
   const std::uint32_t rank_stride = static_cast<std::uint32_t>(chunk) * vecs * fiar::exec::kWordsPerVec;
   const std::uint32_t gather_base = scatter_base + static_cast<std::uint32_t>(p.world_size) * rank_stride;
@@ -538,7 +535,7 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
 
   // 1. Scatter: the digest to every rank, each token's input to its owner (owner and token walked without division).
   push_digest<X>(ctx, p, f);
-  const int total = p.num_tokens * p.vecs_per_token;
+  const int total = p.epi.num_tokens * p.vecs_per_token;
   {
     int t = lane_id / p.vecs_per_token, v = lane_id - t * p.vecs_per_token;
     const int dt = grid_lanes / p.vecs_per_token, dv = grid_lanes - dt * p.vecs_per_token;
@@ -569,7 +566,8 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   const PollSite site{f.deadline, p.error, f.call};
   DigestCheck digest = first_digest(ctx, p, f);
   const int first = p.rank * chunk;
-  const int owned = first >= p.num_tokens ? 0 : (first + chunk <= p.num_tokens ? chunk : p.num_tokens - first);
+  const int owned =
+      first >= p.epi.num_tokens ? 0 : (first + chunk <= p.epi.num_tokens ? chunk : p.epi.num_tokens - first);
   {
     int lt = lane_id / p.vecs_per_token, v = lane_id - lt * p.vecs_per_token;
     const int dt = grid_lanes / p.vecs_per_token, dv = grid_lanes - dt * p.vecs_per_token;
@@ -592,16 +590,16 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   // 4. Gather: every token's result arrives from its owner; then the pattern's epilogue, a token per cluster.
   const exec::TokenSplit split = exec::token_split(ctx);
   FIAR_NO_UNROLL
-  for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
+  for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
     const int owner = t / chunk;
-    finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token,
+    finish_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token,
                        [&](int v) { return poll(ctx, p.buffers[p.rank] + gather_slot(t, v), site, owner, true); });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
+  finish_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
   finish_call(ctx, p.state, f,
               static_cast<std::uint32_t>(header_words(p.world_size) +
-                                         twoshot_words(p.world_size, p.num_tokens, p.vecs_per_token)));
+                                         twoshot_words(p.world_size, p.epi.num_tokens, p.vecs_per_token)));
 }
 
 /// The operations of the Lamport protocols: their parameters are LamportParams<T>, their grid a cluster of blocks

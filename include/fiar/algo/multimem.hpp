@@ -75,13 +75,13 @@ FIAR_HD inline bool multimem_barrier(Ctx& ctx, const MultimemParams<T>& m, const
     // barrier) before the add through the multicast alias; then the add before this lane's unicast poll of the same
     // word; and after the poll, the peers' multicast stores it observed before the unicast reads that follow.
     FIAR_NO_UNROLL
-    for (int t = first; t < p.num_tokens; t += step) {
+    for (int t = first; t < p.epi.num_tokens; t += step) {
       ctx.fence_multicast();
       ctx.multicast_add_release(p.multicast, m.counters + static_cast<std::size_t>(t), 1u);
     }
     ctx.fence_multicast();
     FIAR_NO_UNROLL
-    for (int t = first; t < p.num_tokens && ok; t += step) {
+    for (int t = first; t < p.epi.num_tokens && ok; t += step) {
       const std::uint32_t target =
           ctx.load_relaxed(m.generations + t) + phase * static_cast<std::uint32_t>(p.world_size);
       const std::uint32_t* mine = p.buffers[p.rank] + m.counters + t;
@@ -129,7 +129,7 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
 
   // 1. Digests, and this rank's input for the cluster's tokens into its own region.
   push_digest<Transport::Multicast>(ctx, p, f);
-  for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
+  for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
     for (int v = cluster_lane; v < p.vecs_per_token; v += cluster_lanes) {
       ctx.store16(p.buffers[p.rank] + at(t, v), load_input(p, t, v));
     }
@@ -145,7 +145,7 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
   const int share = (p.vecs_per_token + p.world_size - 1) / p.world_size;
   const int first = p.rank * share;
   const int last = first + share < p.vecs_per_token ? first + share : p.vecs_per_token;
-  for (int t = split.first_token; t < p.num_tokens && ok; t += split.token_step) {
+  for (int t = split.first_token; t < p.epi.num_tokens && ok; t += split.token_step) {
     for (int v = first + cluster_lane; v < last; v += cluster_lanes) {
       const Vec16 sum = ctx.multicast_ld_reduce16(p.multicast, at(t, v), reduce_kind<T>());
       ctx.multicast_store16(p.multicast, at(t, v), exec::sanitize<sizeof(T)>(sum));
@@ -156,22 +156,23 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
   ok = multimem_barrier(ctx, m, split, 2u, site, ok);
 
   // 5. The epilogue over the sums in this rank's memory (the waits above failed: whatever is there, flagged).
-  for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
-    finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token,
+  for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
+    finish_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token,
                        [&](int v) { return exec::sanitize<sizeof(T)>(ctx.load16(p.buffers[p.rank] + at(t, v))); });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
+  finish_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
   if (ctx.cluster_rank() == 0) {
     // Each token's counter advances by 2 W per call that has the token (failed ones too: the workspace is unusable
     // then anyway); only the lane that waited on it reads or writes its generation.
-    for (int t = split.first_token + ctx.lane() * split.token_step; t < p.num_tokens;
+    for (int t = split.first_token + ctx.lane() * split.token_step; t < p.epi.num_tokens;
          t += ctx.lanes() * split.token_step) {
       ctx.store_relaxed(m.generations + t,
                         ctx.load_relaxed(m.generations + t) + 2u * static_cast<std::uint32_t>(p.world_size));
     }
   }
-  finish_call(ctx, p.state, f,
-              static_cast<std::uint32_t>(header_words(p.world_size) + multimem_words(p.num_tokens, p.vecs_per_token)));
+  finish_call(
+      ctx, p.state, f,
+      static_cast<std::uint32_t>(header_words(p.world_size) + multimem_words(p.epi.num_tokens, p.vecs_per_token)));
 }
 
 /// The operation of the in-switch reduction (mnnvl, Strategy::Multimem).
@@ -182,7 +183,7 @@ struct MultimemReduce : exec::PerTokenOperation<MultimemParams<T>, P, T> {
   static constexpr int min_arch = pattern_traits(P).min_arch;  ///< NVFP4: sm_100 and newer
   /// The Lamport kernels' launch (a cluster per token), from the call's shape in `base`.
   static constexpr exec::LaunchShape shape(const Params& m, const exec::LaunchLimits& limits) {
-    return exec::spread_shape(m.base.num_tokens, m.base.vecs_per_token, limits.max_blocks);
+    return exec::spread_shape(m.base.epi.num_tokens, m.base.vecs_per_token, limits.max_blocks);
   }
   FIAR_EXEC_CHECK_DISABLE
   template <class Ctx>

@@ -37,7 +37,8 @@
 FIAR_BEGIN_NAMESPACE
 
 /// The workspace make_workspace() created: one of the backends' workspaces (one alternative per entry of
-/// BackendPolicies), chosen at run time. Move-only; every member forwards to the backend's workspace.
+/// BackendPolicies), chosen at run time. Move-only; the queries are answered by the part every backend's workspace
+/// shares (detail::WorkspaceCore), the calls by the backend's workspace.
 template <ReduceType T, Platform Pf = CudaPlatform>
 class AnyWorkspace {
   template <class... Ps>
@@ -64,7 +65,7 @@ class AnyWorkspace {
 
   /// The backend that runs the calls (trtllm after a fallback).
   [[nodiscard]] Backend backend() const {
-    return visit([](const auto& ws) { return std::decay_t<decltype(ws)>::policy_type::backend; });
+    return std::visit([](const auto& ws) { return std::decay_t<decltype(ws)>::policy_type::backend; }, ws_);
   }
   /// What resolve_backend chose on the group's combined topology (mnnvl when Auto fell back to trtllm).
   [[nodiscard]] Resolution resolution() const { return resolution_; }
@@ -77,61 +78,41 @@ class AnyWorkspace {
     return std::get_if<Workspace<P, T, Pf>>(&ws_);
   }
 
-  [[nodiscard]] const Topology& topology() const {
-    return visit([](const auto& ws) -> const Topology& { return ws.topology(); });
-  }
-  [[nodiscard]] const WorkspaceConfig& config() const {
-    return visit([](const auto& ws) -> const WorkspaceConfig& { return ws.config(); });
-  }
-  [[nodiscard]] int arch() const {
-    return visit([](const auto& ws) { return ws.arch(); });
-  }
-  [[nodiscard]] Strategy strategy_for(int num_tokens) const {
-    return visit([&](const auto& ws) { return ws.strategy_for(num_tokens); });
-  }
-  [[nodiscard]] Strategy last_strategy() const {
-    return visit([](const auto& ws) { return ws.last_strategy(); });
-  }
+  [[nodiscard]] const Topology& topology() const { return core().topology(); }
+  [[nodiscard]] const WorkspaceConfig& config() const { return core().config(); }
+  [[nodiscard]] int arch() const { return core().arch(); }
+  [[nodiscard]] Strategy strategy_for(int num_tokens) const { return core().strategy_for(num_tokens); }
+  [[nodiscard]] Strategy last_strategy() const { return core().last_strategy(); }
   /// Whether one call of num_tokens tokens with strategy s fits this workspace (the real per-call capacity).
   [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s = Strategy::Auto) const {
-    return visit([&](const auto& ws) { return ws.is_buffer_size_sufficient(num_tokens, s); });
+    return core().is_buffer_size_sufficient(num_tokens, s);
   }
   /// The strategy table's row the workspace resolved (Workspace::strategy_thresholds).
-  [[nodiscard]] const StrategyThresholds& strategy_thresholds() const {
-    return visit([](const auto& ws) -> const StrategyThresholds& { return ws.strategy_thresholds(); });
-  }
+  [[nodiscard]] const StrategyThresholds& strategy_thresholds() const { return core().strategy_thresholds(); }
   /// Whether Strategy::Nccl can run (Workspace::has_nccl_route), and why not.
-  [[nodiscard]] bool has_nccl_route() const {
-    return visit([](const auto& ws) { return ws.has_nccl_route(); });
-  }
-  [[nodiscard]] const std::string& nccl_route_reason() const {
-    return visit([](const auto& ws) -> const std::string& { return ws.nccl_route_reason(); });
+  [[nodiscard]] bool has_nccl_route() const { return core().has_nccl_route(); }
+  [[nodiscard]] const std::string& nccl_route_reason() const { return core().nccl_route_reason(); }
+  /// The platform the workspace runs on (its memory, its launches).
+  [[nodiscard]] Pf& platform() {
+    return std::visit([](auto& ws) -> Pf& { return ws.platform(); }, ws_);
   }
 
   void allreduce(const T* in, T* out, int num_tokens, cudaStream_t stream = nullptr,
                  Strategy strategy = Strategy::Auto) {
-    visit([&](auto& ws) { ws.allreduce(in, out, num_tokens, stream, strategy); });
+    std::visit([&](auto& ws) { ws.allreduce(in, out, num_tokens, stream, strategy); }, ws_);
   }
   template <Pattern P>
   void run(const FusedArgs<T>& a, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
-    visit([&](auto& ws) { ws.template run<P>(a, stream, strategy); });
+    std::visit([&](auto& ws) { ws.template run<P>(a, stream, strategy); }, ws_);
   }
   void check() const {
-    visit([](const auto& ws) { ws.check(); });
-  }
-  /// The platform the workspace runs on (its memory, its launches).
-  [[nodiscard]] Pf& platform() {
-    return visit([](auto& ws) -> Pf& { return ws.platform(); });
+    std::visit([](const auto& ws) { ws.check(); }, ws_);
   }
 
  private:
-  template <class F>
-  decltype(auto) visit(F&& f) {
-    return std::visit(std::forward<F>(f), ws_);
-  }
-  template <class F>
-  decltype(auto) visit(F&& f) const {
-    return std::visit(std::forward<F>(f), ws_);
+  // Every backend's workspace is a WorkspaceCore of (T, Pf): the queries are answered there, whichever runs.
+  [[nodiscard]] const detail::WorkspaceCore<T, Pf>& core() const {
+    return std::visit([](const auto& ws) -> const detail::WorkspaceCore<T, Pf>& { return ws; }, ws_);
   }
 
   Variant ws_;

@@ -1,19 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// fiar/backend/mnnvl.hpp — the mnnvl backend: the Lamport all-reduce over NVLink multicast (NVSwitch; across nodes with
-// fabric handles, e.g. GB200 NVL72 with IMEX).
-// Contract: each rank's region is bound to one multicast object of the group, so a value every rank needs is one
-// multicast store (one-shot push, two-shot broadcast), and Strategy::Multimem lets the switch reduce (load-reduce and
-// store through the multicast mapping); the two-shot scatter uses the peer mappings. Creation throws
-// fiar::multicast_error on every rank alike when the machine cannot set multicast up. World sizes 1 to 64.
+// fiar/backend/mnnvl.hpp — the mnnvl backend's kernels: the Lamport all-reduce over NVLink multicast (NVSwitch; across
+// nodes with fabric handles, e.g. GB200 NVL72 with IMEX). Contract: each rank's region is bound to one multicast object
+// of the group, so a value every rank needs is one multicast store (one-shot push, two-shot broadcast), and
+// Strategy::Multimem lets the switch reduce (load-reduce and store through the multicast mapping); the two-shot scatter
+// uses the peer mappings. Creation throws fiar::multicast_error on every rank alike when the machine cannot set
+// multicast up. World sizes 1 to 64.
 #pragma once
 
 #include "../algo/lamport.hpp"
 #include "../algo/multimem.hpp"
 #include "../core/pattern.hpp"
-#include "../core/policy.hpp"
 #include "../core/prelude.hpp"
-#include "lamport.hpp"
-#include "workspace.hpp"
 
 /// The operations this backend launches (<fiar/instantiate.cuh> emits one kernel per operation x pattern x dtype).
 #define FIAR_MNNVL_OPERATIONS(X) X(MnnvlOneShot) X(MnnvlTwoShot) X(MnnvlMultimem)
@@ -34,13 +31,5 @@ template <Pattern P, class T>
 struct MnnvlMultimem : algo::MultimemReduce<P, T> {
   static constexpr const char* name = "mnnvl multimem";
 };
-
-namespace detail {
-template <>
-struct BackendImpl<MnnvlPolicy> {
-  template <ReduceType T, class Pf>
-  using type = LamportWorkspace<MnnvlPolicy, T, Pf, MnnvlOneShot, MnnvlTwoShot, MnnvlMultimem>;
-};
-}  // namespace detail
 
 FIAR_END_NAMESPACE

@@ -1,16 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// fiar/backend/trtllm.hpp — the trtllm backend: the single-node, peer-mapped Lamport all-reduce.
-// Contract: every rank of one node maps every other rank's region and pushes with one unicast store per rank; the
-// workspace is Workspace<TrtllmPolicy, T, Platform> (backend/workspace.hpp) over detail::LamportWorkspace; world
-// sizes 1 to 16 (1 copies the input).
+// fiar/backend/trtllm.hpp — the trtllm backend's kernels: the single-node, peer-mapped Lamport all-reduce.
+// Contract: every rank of one node maps every other rank's region and pushes with one unicast store per rank;
+// Workspace<TrtllmPolicy, T, Platform> (backend/workspace.hpp) runs them on its Lamport engine (backend/lamport.hpp);
+// world sizes 1 to 16 (1 copies the input).
 #pragma once
 
 #include "../algo/lamport.hpp"
 #include "../core/pattern.hpp"
-#include "../core/policy.hpp"
 #include "../core/prelude.hpp"
-#include "lamport.hpp"
-#include "workspace.hpp"
 
 /// The operations this backend launches (<fiar/instantiate.cuh> emits one kernel per operation x pattern x dtype).
 #define FIAR_TRTLLM_OPERATIONS(X) X(TrtllmOneShot) X(TrtllmTwoShot)
@@ -26,13 +23,5 @@ template <Pattern P, class T>
 struct TrtllmTwoShot : algo::LamportTwoShot<algo::Transport::Unicast, P, T> {
   static constexpr const char* name = "trtllm two-shot";
 };
-
-namespace detail {
-template <>
-struct BackendImpl<TrtllmPolicy> {
-  template <ReduceType T, class Pf>
-  using type = LamportWorkspace<TrtllmPolicy, T, Pf, TrtllmOneShot, TrtllmTwoShot>;
-};
-}  // namespace detail
 
 FIAR_END_NAMESPACE

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// fiar/backend/validate.hpp — the checks every backend runs before creating a workspace or launching a call,
-// driven by the pattern table (core/pattern.hpp).
+// fiar/backend/validate.hpp — the checks every backend runs before creating a workspace (and the ranks' agreement on
+// them) or launching a call, driven by the pattern table (core/pattern.hpp).
 // Contract: a configuration, topology or call that cannot work throws std::invalid_argument naming the value, the
 // rule and the fix; nothing is allocated or launched before these checks pass.
 #pragma once
@@ -14,7 +14,9 @@
 #include <string_view>
 
 #include "../algo/quant.hpp"
+#include "../comm/agree.hpp"
 #include "../comm/bootstrap.hpp"
+#include "../core/backend.hpp"
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
 #include "../core/pattern.hpp"
@@ -23,6 +25,7 @@
 #include "../core/strategy.hpp"
 #include "../core/text.hpp"
 #include "../core/topology.hpp"
+#include "../core/version.hpp"
 #include "../exec/context.hpp"
 
 FIAR_BEGIN_NAMESPACE
@@ -253,6 +256,135 @@ void validate_fused(const FusedArgs<T>& a, int hidden_dim, int arch, int rank, c
              a.layout,           {}};
   for (int i = 0; i < kFusedTensorCount; ++i) c.tensors[i] = tensor_address(a, static_cast<FusedTensor>(i));
   validate_call_view(c, platform);
+}
+
+/// The configuration as ranks compare it: at creation (with the strategy thresholds the backend resolved, those it
+/// does not apply left out) and in WorkspacePool requests (the thresholds as given).
+struct ConfigDigest {
+  std::uint64_t oneshot_max_bytes = 0;  ///< meaningful when threshold_given
+  std::int64_t timeout_ms = 0;
+  std::int32_t max_token_num = 0;
+  std::int32_t hidden_dim = 0;
+  std::uint32_t threshold_given = 0;
+  std::uint32_t oneshot_at_max_tokens = 0;
+  std::uint32_t verify_calls = 0;
+  std::uint32_t multimem_given = 0;
+  std::uint64_t multimem_min_bytes = 0;  ///< meaningful when multimem_given
+  std::uint32_t nccl_given = 0;
+  std::uint32_t symmetric_given = 0;
+  std::uint64_t nccl_min_bytes = 0;            ///< meaningful when nccl_given
+  std::uint64_t nccl_symmetric_max_bytes = 0;  ///< meaningful when symmetric_given
+  std::uint32_t batch_invariant = 0;
+
+  static ConfigDigest of(const WorkspaceConfig& c) {
+    ConfigDigest d;
+    d.oneshot_max_bytes = c.oneshot_max_bytes.value_or(0);
+    d.timeout_ms = static_cast<std::int64_t>(c.timeout.count());
+    d.max_token_num = c.max_token_num;
+    d.hidden_dim = c.hidden_dim;
+    d.threshold_given = c.oneshot_max_bytes ? 1u : 0u;
+    d.oneshot_at_max_tokens = c.oneshot_at_max_tokens ? 1u : 0u;
+    d.verify_calls = c.verify_calls ? 1u : 0u;
+    d.multimem_given = c.multimem_min_bytes ? 1u : 0u;
+    d.multimem_min_bytes = c.multimem_min_bytes.value_or(0);
+    d.nccl_given = c.nccl_min_bytes ? 1u : 0u;
+    d.nccl_min_bytes = c.nccl_min_bytes.value_or(0);
+    d.symmetric_given = c.nccl_symmetric_max_bytes ? 1u : 0u;
+    d.nccl_symmetric_max_bytes = c.nccl_symmetric_max_bytes.value_or(0);
+    d.batch_invariant = c.batch_invariant ? 1u : 0u;
+    return d;
+  }
+  /// The thresholds a backend resolved in place of those given; `lamport`: whether it has the Lamport strategies
+  /// (and the route), else only the symmetric window's bound applies and the rest is left out of the comparison.
+  void resolve(const StrategyThresholds& t, bool lamport) {
+    symmetric_given = 1;
+    nccl_symmetric_max_bytes = t.nccl_symmetric_max_bytes;
+    if (lamport) {
+      // A step that is never taken is left out (and compared as absent): the same behaviour, the same record.
+      threshold_given = 1;
+      oneshot_max_bytes = t.oneshot_max_bytes;
+      multimem_given = t.multimem_min_bytes != never ? 1u : 0u;
+      multimem_min_bytes = multimem_given ? t.multimem_min_bytes : 0;
+      nccl_given = t.nccl_min_bytes != never ? 1u : 0u;
+      nccl_min_bytes = nccl_given ? t.nccl_min_bytes : 0;
+    } else {
+      threshold_given = multimem_given = nccl_given = oneshot_at_max_tokens = 0;
+      oneshot_max_bytes = multimem_min_bytes = nccl_min_bytes = 0;
+    }
+  }
+  friend bool operator==(const ConfigDigest&, const ConfigDigest&) = default;
+
+  /// "max_token_num 16, hidden_dim 64, timeout 30000 ms, oneshot_max_bytes default, oneshot_at_max_tokens false,
+  /// verify_calls true" (and each other threshold that is given or resolved).
+  [[nodiscard]] std::string describe() const {
+    auto bytes = [](const char* name, std::uint32_t given, std::uint64_t value) {
+      if (given == 0) return std::string();
+      return ", " + std::string(name) + " " + (value == never ? std::string("never") : std::to_string(value));
+    };
+    return "max_token_num " + std::to_string(max_token_num) + ", hidden_dim " + std::to_string(hidden_dim) +
+           ", timeout " + std::to_string(timeout_ms) + " ms, oneshot_max_bytes " +
+           (threshold_given ? std::to_string(oneshot_max_bytes) : std::string("default")) + ", oneshot_at_max_tokens " +
+           (oneshot_at_max_tokens ? "true" : "false") + ", verify_calls " + (verify_calls ? "true" : "false") +
+           bytes("multimem_min_bytes", multimem_given, multimem_min_bytes) +
+           bytes("nccl_min_bytes", nccl_given, nccl_min_bytes) +
+           bytes("nccl_symmetric_max_bytes", symmetric_given, nccl_symmetric_max_bytes) +
+           (batch_invariant != 0 ? ", batch_invariant true" : "");
+  }
+};
+
+/// What a backend adds to the creation digest: its strategy thresholds as it resolved them, and its buffer size.
+struct CreationExtras {
+  std::uint64_t buffer_words = 0;
+  StrategyThresholds thresholds{};  ///< resolved (strategy_thresholds)
+  bool strategies = false;          ///< whether the Lamport strategies (and the route) apply
+};
+
+/// What every rank exchanges at creation.
+struct CreationRecord {
+  std::uint32_t backend, dtype, world_size, version_major, version_minor, version_patch;
+  ConfigDigest config;
+  std::uint64_t buffer_words;
+
+  friend bool operator==(const CreationRecord&, const CreationRecord&) = default;
+  [[nodiscard]] std::string describe() const {
+    return "backend " + std::string(to_string(static_cast<Backend>(backend))) + ", dtype " +
+           std::string(dtype_name(dtype)) + ", world_size " + std::to_string(world_size) + ", " + config.describe() +
+           ", fiar " + std::to_string(version_major) + "." + std::to_string(version_minor) + "." +
+           std::to_string(version_patch);
+  }
+};
+
+/// Collective: every rank checks the topology, its match with the bootstrap and the configuration (config_error(),
+/// then creation_error(), both "" when fine; each called only when what comes before passed), then all agree: either
+/// every rank returns the agreed extras, or every rank throws the same std::invalid_argument (a rank's objection, or
+/// configurations that differ).
+template <class Policy, ReduceType T, Bootstrap B, class ConfigError, class CreationError, class Extras>
+CreationExtras agree_on_creation(B& boot, const Topology& topo, const WorkspaceConfig& cfg, ConfigError&& config_error,
+                                 CreationError&& creation_error, Extras&& extras) {
+  std::string error = local_creation_error<Policy>(topo, boot, config_error);
+  if (error.empty()) error = creation_error();
+  const CreationExtras mine = error.empty() ? extras() : CreationExtras{};
+  CreationRecord record{static_cast<std::uint32_t>(Policy::backend),
+                        dtype_code<T>(),
+                        static_cast<std::uint32_t>(topo.world_size),
+                        version_major,
+                        version_minor,
+                        version_patch,
+                        ConfigDigest::of(cfg),
+                        mine.buffer_words};
+  // The thresholds as resolved (a backend's values, not the defaults' absence), those it does not apply left out so
+  // they cannot cause a mismatch; nothing to resolve when this rank objected (its record is not compared then).
+  if (error.empty()) record.config.resolve(mine.thresholds, mine.strategies);
+  const auto all = agree(boot, outcome_of(error), record, "workspace creation failed because rank {rank} rejected it");
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (!(all[r] == all[0])) {
+      throw std::invalid_argument("fiar: workspace configurations differ between ranks: rank 0 has {" +
+                                  all[0].describe() + "}, rank " + std::to_string(r) + " has {" + all[r].describe() +
+                                  "}. Fix: create the workspace with the same type, topology and WorkspaceConfig on "
+                                  "every rank, with the same fiar version.");
+    }
+  }
+  return mine;
 }
 
 }  // namespace detail

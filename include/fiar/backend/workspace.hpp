@@ -1,31 +1,36 @@
 // SPDX-License-Identifier: Apache-2.0
-// fiar/backend/workspace.hpp — Workspace<P, T, Platform>: the all-reduce workspace of one backend and one element type,
-// its interface written once for every backend, and what a backend plugs into it.
+// fiar/backend/workspace.hpp — Workspace<P, T, Platform>: the all-reduce workspace of one backend and one element type.
+// Inside, one or two engines its policy names: the Lamport engine (backend/lamport.hpp; trtllm and mnnvl) and the
+// NCCL engine (backend/nccl.hpp; the nccl backend, and the NCCL route of the others). Every call is validated once
+// and routed by the strategy table; every query is answered once, by detail::WorkspaceCore.
 // Contract: Workspace exists only for an AllreducePolicy P, a ReduceType T and a Platform; naming it with anything
 // else is a compile error naming the unmet concept. Creation is collective and verified through comm/agree.hpp (every
 // rank agrees on the configuration or every rank throws the same error, before anything is allocated); every call is
-// validated (backend/validate.hpp) before anything is launched.
+// validated (backend/validate.hpp) before anything is launched, and builds no string unless it fails.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
-#include "../algo/lamport.hpp"
 #include "../comm/agree.hpp"
 #include "../comm/bootstrap.hpp"
 #include "../core/backend.hpp"
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
+#include "../core/errors.hpp"
 #include "../core/log.hpp"
 #include "../core/pattern.hpp"
 #include "../core/policy.hpp"
@@ -38,227 +43,206 @@
 #include "../platform/concept.hpp"
 #include "../platform/cuda.hpp"
 #include "../runtime/nccl.hpp"
+#include "lamport.hpp"
+#include "mnnvl.hpp"
+#include "nccl.hpp"
+#include "trtllm.hpp"
 #include "validate.hpp"
 
 FIAR_BEGIN_NAMESPACE
 namespace detail {
 
-/// The configuration as ranks compare it: at creation (with the strategy thresholds the backend resolved, those it
-/// does not apply left out) and in WorkspacePool requests (the thresholds as given).
-struct ConfigDigest {
-  std::uint64_t oneshot_max_bytes = 0;  ///< meaningful when threshold_given
-  std::int64_t timeout_ms = 0;
-  std::int32_t max_token_num = 0;
-  std::int32_t hidden_dim = 0;
-  std::uint32_t threshold_given = 0;
-  std::uint32_t oneshot_at_max_tokens = 0;
-  std::uint32_t verify_calls = 0;
-  std::uint32_t multimem_given = 0;
-  std::uint64_t multimem_min_bytes = 0;  ///< meaningful when multimem_given
-  std::uint32_t nccl_given = 0;
-  std::uint32_t symmetric_given = 0;
-  std::uint64_t nccl_min_bytes = 0;            ///< meaningful when nccl_given
-  std::uint64_t nccl_symmetric_max_bytes = 0;  ///< meaningful when symmetric_given
-  std::uint32_t batch_invariant = 0;
+/// The engine slot of a policy that has no such engine.
+struct NoEngine {};
 
-  static ConfigDigest of(const WorkspaceConfig& c) {
-    ConfigDigest d;
-    d.oneshot_max_bytes = c.oneshot_max_bytes.value_or(0);
-    d.timeout_ms = static_cast<std::int64_t>(c.timeout.count());
-    d.max_token_num = c.max_token_num;
-    d.hidden_dim = c.hidden_dim;
-    d.threshold_given = c.oneshot_max_bytes ? 1u : 0u;
-    d.oneshot_at_max_tokens = c.oneshot_at_max_tokens ? 1u : 0u;
-    d.verify_calls = c.verify_calls ? 1u : 0u;
-    d.multimem_given = c.multimem_min_bytes ? 1u : 0u;
-    d.multimem_min_bytes = c.multimem_min_bytes.value_or(0);
-    d.nccl_given = c.nccl_min_bytes ? 1u : 0u;
-    d.nccl_min_bytes = c.nccl_min_bytes.value_or(0);
-    d.symmetric_given = c.nccl_symmetric_max_bytes ? 1u : 0u;
-    d.nccl_symmetric_max_bytes = c.nccl_symmetric_max_bytes.value_or(0);
-    d.batch_invariant = c.batch_invariant ? 1u : 0u;
-    return d;
+/// The Lamport engine a policy names (none for a policy without fiar's kernels): its operations, and through the
+/// policy its transport.
+template <class P, ReduceType T, class Pf>
+struct LamportOf {
+  using type = NoEngine;
+};
+template <ReduceType T, class Pf>
+struct LamportOf<TrtllmPolicy, T, Pf> {
+  using type = LamportEngine<T, Pf, TrtllmPolicy, TrtllmOneShot, TrtllmTwoShot>;
+};
+template <ReduceType T, class Pf>
+struct LamportOf<MnnvlPolicy, T, Pf> {
+  using type = LamportEngine<T, Pf, MnnvlPolicy, MnnvlOneShot, MnnvlTwoShot, MnnvlMultimem>;
+};
+
+/// What every Workspace<P, T, Platform> of one element type and platform shares: the platform, the group, the
+/// configuration, the strategy table's row, and every query about them, written once. AnyWorkspace answers its
+/// queries from it without knowing the backend.
+template <ReduceType T, Platform Pf>
+class WorkspaceCore {
+ public:
+  [[nodiscard]] const Topology& topology() const { return topo_; }
+  [[nodiscard]] const WorkspaceConfig& config() const { return cfg_; }
+  [[nodiscard]] Pf& platform() { return platform_; }
+  /// The architecture the kernels run on: the GPU's on CudaPlatform, the topology's on the host emulator.
+  [[nodiscard]] int arch() const { return platform_.arch() != 0 ? platform_.arch() : topo_.arch; }
+  /// The row of the strategy table this workspace resolved at creation (the same on every rank): where
+  /// Strategy::Auto changes path. The nccl backend applies only nccl_symmetric_max_bytes (its other fields are 0 or
+  /// fiar::never).
+  [[nodiscard]] const StrategyThresholds& strategy_thresholds() const { return thresholds_; }
+  /// The strategy the last call ran.
+  [[nodiscard]] Strategy last_strategy() const { return last_strategy_; }
+  /// Whether Strategy::Nccl can run: trtllm / mnnvl when creation set up the NCCL route (a call of max_token_num
+  /// tokens reaches nccl_min_bytes and the route could be set up); always on the nccl backend.
+  [[nodiscard]] bool has_nccl_route() const { return route_; }
+  /// Why there is no NCCL route ("" when there is one).
+  [[nodiscard]] const std::string& nccl_route_reason() const { return route_reason_; }
+
+  /// The strategy Strategy::Auto takes for a call of num_tokens tokens (the same on every rank). Auto on the nccl
+  /// backend, which has no choice of its own (NCCL picks its algorithm, ring, tree or NVLS, inside ncclAllReduce).
+  [[nodiscard]] Strategy strategy_for(int num_tokens) const {
+    if (!lamport_) return Strategy::Auto;
+    return choose_strategy(thresholds_, topo_.world_size, num_tokens, message_bytes(num_tokens), multicast_, route_);
   }
-  /// The thresholds a backend resolved in place of those given; `lamport`: whether it has the Lamport strategies
-  /// (and the route), else only the symmetric window's bound applies and the rest is left out of the comparison.
-  void resolve(const StrategyThresholds& t, bool lamport) {
-    symmetric_given = 1;
-    nccl_symmetric_max_bytes = t.nccl_symmetric_max_bytes;
-    if (lamport) {
-      // A step that is never taken is left out (and compared as absent): the same behaviour, the same record.
-      threshold_given = 1;
-      oneshot_max_bytes = t.oneshot_max_bytes;
-      multimem_given = t.multimem_min_bytes != never ? 1u : 0u;
-      multimem_min_bytes = multimem_given ? t.multimem_min_bytes : 0;
-      nccl_given = t.nccl_min_bytes != never ? 1u : 0u;
-      nccl_min_bytes = nccl_given ? t.nccl_min_bytes : 0;
-    } else {
-      threshold_given = multimem_given = nccl_given = oneshot_at_max_tokens = 0;
-      oneshot_max_bytes = multimem_min_bytes = nccl_min_bytes = 0;
+
+  /// Whether one call of num_tokens tokens with strategy s fits: one of the three Lamport buffers backs a call, so
+  /// this is the real per-call capacity (not total bytes / row bytes).
+  [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s = Strategy::Auto) const {
+    if (num_tokens < 1 || num_tokens > cfg_.max_token_num || !is_valid(s)) return false;
+    if (!lamport_) return s == Strategy::Auto || s == Strategy::Nccl;
+    if (s == Strategy::Multimem && !multicast_) return false;
+    if (s == Strategy::Auto) s = strategy_for(num_tokens);
+    if (s == Strategy::Nccl) return route_;  // the NCCL engine holds max_token_num
+    return lamport_call_words(s, topo_.world_size, num_tokens, vecs_per_token<T>(cfg_.hidden_dim)) <= data_words_;
+  }
+
+ protected:
+  WorkspaceCore(const typename Pf::Options& options, Backend backend, bool lamport, bool multicast,
+                const Topology& topo, const WorkspaceConfig& cfg, const StrategyThresholds& thresholds)
+      : platform_(options),
+        topo_(topo),
+        cfg_(cfg),
+        thresholds_(thresholds),
+        backend_(backend),
+        lamport_(lamport),
+        multicast_(multicast),
+        route_(!lamport) {}
+
+  /// Per-rank bytes of a call of num_tokens tokens.
+  [[nodiscard]] std::size_t message_bytes(int num_tokens) const {
+    return static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cfg_.hidden_dim) * sizeof(T);
+  }
+  /// The most tokens a call on the Lamport buffers can have: max_token_num, or with the route the largest call below
+  /// nccl_min_bytes (larger ones are the route's).
+  [[nodiscard]] int lamport_tokens() const {
+    if (!lamport_ || !route_) return cfg_.max_token_num;
+    const std::size_t row = message_bytes(1), from = thresholds_.nccl_min_bytes;
+    const std::size_t below = from <= row ? 1 : (from - 1) / row;
+    return static_cast<int>(std::min<std::size_t>(std::max<std::size_t>(below, 1), cfg_.max_token_num));
+  }
+
+  /// Every check of a call of pattern Q before anything runs (nothing changes when one fails; text is built only
+  /// then), and the strategy it runs: Auto resolved by the table (Auto on the nccl backend).
+  template <Pattern Q>
+  Strategy checked_strategy(const FusedArgs<T>& a, Strategy strategy) const {
+    validate_call_basics(topo_.rank, Q, strategy, a.in, a.out, a.num_tokens, cfg_.max_token_num);
+    if (!strategy_fits(a.num_tokens, strategy)) {
+      throw std::invalid_argument(call_where(Q, topo_.rank) + strategy_error(a.num_tokens, strategy));
     }
+    validate_fused<Q, T>(a, cfg_.hidden_dim, arch(), topo_.rank, platform_);
+    if (!lamport_) return Strategy::Auto;
+    return strategy == Strategy::Auto ? strategy_for(a.num_tokens) : strategy;
   }
-  friend bool operator==(const ConfigDigest&, const ConfigDigest&) = default;
 
-  /// "max_token_num 16, hidden_dim 64, timeout 30000 ms, oneshot_max_bytes default, oneshot_at_max_tokens false,
-  /// verify_calls true" (and each other threshold that is given or resolved).
-  [[nodiscard]] std::string describe() const {
-    auto bytes = [](const char* name, std::uint32_t given, std::uint64_t value) {
-      if (given == 0) return std::string();
-      return ", " + std::string(name) + " " + (value == never ? std::string("never") : std::to_string(value));
-    };
-    return "max_token_num " + std::to_string(max_token_num) + ", hidden_dim " + std::to_string(hidden_dim) +
-           ", timeout " + std::to_string(timeout_ms) + " ms, oneshot_max_bytes " +
-           (threshold_given ? std::to_string(oneshot_max_bytes) : std::string("default")) + ", oneshot_at_max_tokens " +
-           (oneshot_at_max_tokens ? "true" : "false") + ", verify_calls " + (verify_calls ? "true" : "false") +
-           bytes("multimem_min_bytes", multimem_given, multimem_min_bytes) +
-           bytes("nccl_min_bytes", nccl_given, nccl_min_bytes) +
-           bytes("nccl_symmetric_max_bytes", symmetric_given, nccl_symmetric_max_bytes) +
-           (batch_invariant != 0 ? ", batch_invariant true" : "");
+  Pf platform_;
+  Topology topo_;
+  WorkspaceConfig cfg_;
+  StrategyThresholds thresholds_;  ///< as agreed at creation
+  Backend backend_;
+  bool lamport_;                ///< the Lamport engine runs the calls the table gives it (trtllm, mnnvl)
+  bool multicast_;              ///< the in-switch reduction can run (mnnvl)
+  bool route_;                  ///< the NCCL engine exists (always on nccl; trtllm / mnnvl: their NCCL route)
+  std::size_t data_words_ = 0;  ///< words of one Lamport buffer for a call's data, after its header of digests
+  std::string route_reason_;    ///< why there is no NCCL route ("" when there is one)
+  Strategy last_strategy_ = Strategy::Auto;
+
+ private:
+  // Whether a forced strategy can run a call of num_tokens tokens (Auto always can).
+  [[nodiscard]] bool strategy_fits(int num_tokens, Strategy s) const {
+    if (s == Strategy::Auto) return true;
+    if (lamport_ && cfg_.batch_invariant && (s == Strategy::Multimem || s == Strategy::Nccl)) return false;
+    return is_buffer_size_sufficient(num_tokens, s);
   }
-};
 
-/// What a backend adds to the creation digest: its strategy thresholds as it resolved them, and its buffer size.
-struct CreationExtras {
-  std::uint64_t buffer_words = 0;
-  StrategyThresholds thresholds{};  ///< resolved (strategy_thresholds)
-  bool strategies = false;          ///< whether the Lamport strategies (and the route) apply
-};
-
-/// What every rank exchanges at creation.
-struct CreationRecord {
-  std::uint32_t backend, dtype, world_size, version_major, version_minor, version_patch;
-  ConfigDigest config;
-  std::uint64_t buffer_words;
-
-  friend bool operator==(const CreationRecord&, const CreationRecord&) = default;
-  [[nodiscard]] std::string describe() const {
-    return "backend " + std::string(to_string(static_cast<Backend>(backend))) + ", dtype " +
-           std::string(dtype_name(dtype)) + ", world_size " + std::to_string(world_size) + ", " + config.describe() +
-           ", fiar " + std::to_string(version_major) + "." + std::to_string(version_minor) + "." +
-           std::to_string(version_patch);
-  }
-};
-
-/// Collective: every rank checks the topology, its match with the bootstrap and the configuration (config_error(),
-/// then creation_error(), both "" when fine; each called only when what comes before passed), then all agree: either
-/// every rank returns the agreed extras, or every rank throws the same std::invalid_argument (a rank's objection, or
-/// configurations that differ).
-template <class Policy, ReduceType T, Bootstrap B, class ConfigError, class CreationError, class Extras>
-CreationExtras agree_on_creation(B& boot, const Topology& topo, const WorkspaceConfig& cfg, ConfigError&& config_error,
-                                 CreationError&& creation_error, Extras&& extras) {
-  std::string error = local_creation_error<Policy>(topo, boot, config_error);
-  if (error.empty()) error = creation_error();
-  const CreationExtras mine = error.empty() ? extras() : CreationExtras{};
-  CreationRecord record{static_cast<std::uint32_t>(Policy::backend),
-                        dtype_code<T>(),
-                        static_cast<std::uint32_t>(topo.world_size),
-                        version_major,
-                        version_minor,
-                        version_patch,
-                        ConfigDigest::of(cfg),
-                        mine.buffer_words};
-  // The thresholds as resolved (a backend's values, not the defaults' absence), those it does not apply left out so
-  // they cannot cause a mismatch; nothing to resolve when this rank objected (its record is not compared then).
-  if (error.empty()) record.config.resolve(mine.thresholds, mine.strategies);
-  const auto all = agree(boot, outcome_of(error), record, "workspace creation failed because rank {rank} rejected it");
-  for (std::size_t r = 1; r < all.size(); ++r) {
-    if (!(all[r] == all[0])) {
-      throw std::invalid_argument("fiar: workspace configurations differ between ranks: rank 0 has {" +
-                                  all[0].describe() + "}, rank " + std::to_string(r) + " has {" + all[r].describe() +
-                                  "}. Fix: create the workspace with the same type, topology and WorkspaceConfig on "
-                                  "every rank, with the same fiar version.");
+  // Why a forced strategy cannot run a call of num_tokens tokens (strategy_fits is false).
+  [[nodiscard]] std::string strategy_error(int num_tokens, Strategy s) const {
+    const std::string name(to_string(backend_));
+    if (!lamport_) {
+      return "strategy " + std::string(to_string(s)) +
+             "; the nccl backend has no one-shot / two-shot choice (NCCL picks its own algorithm). Fix: pass "
+             "Strategy::Auto (or Nccl).";
     }
+    if (cfg_.batch_invariant && (s == Strategy::Multimem || s == Strategy::Nccl)) {
+      return std::string(s == Strategy::Multimem ? "multimem (the in-switch reduction)"
+                                                 : "strategy nccl (the NCCL route)") +
+             " sums in an order that follows the message size, and this workspace was created with "
+             "WorkspaceConfig::batch_invariant = true. Fix: use Strategy::Auto, OneShot or TwoShot, or create the "
+             "workspace with batch_invariant = false.";
+    }
+    if (s == Strategy::Multimem && !multicast_) {
+      return "multimem (the in-switch reduction) needs NVLink multicast: it runs on the mnnvl backend only. Fix: use "
+             "Strategy::Auto, OneShot or TwoShot on " +
+             name + ", or the mnnvl backend.";
+    }
+    if (s == Strategy::Nccl && !route_) {
+      return "strategy nccl needs the workspace's NCCL route, and this " + name +
+             " workspace has none: " + route_reason_ +
+             ". Fix: use Strategy::Auto, or create the workspace with WorkspaceConfig::nccl_min_bytes at most the "
+             "bytes of its largest call (max_token_num x hidden_dim x sizeof(T) = " +
+             std::to_string(message_bytes(cfg_.max_token_num)) + ").";
+    }
+    if (route_ && num_tokens > lamport_tokens()) {
+      return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) +
+             ": calls from nccl_min_bytes = " + std::to_string(thresholds_.nccl_min_bytes) +
+             " bytes per rank are the NCCL route's, and this workspace's Lamport buffers hold at most " +
+             std::to_string(lamport_tokens()) +
+             " tokens. Fix: use Strategy::Auto or Nccl, or create the workspace with a larger nccl_min_bytes (or "
+             "fiar::never).";
+    }
+    return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) + " needs " +
+           std::to_string(lamport_call_words(s, topo_.world_size, num_tokens, vecs_per_token<T>(cfg_.hidden_dim)) * 4) +
+           " bytes per Lamport buffer; this workspace has " + std::to_string(data_words_ * 4) +
+           ". Fix: use Strategy::Auto, or create the workspace with oneshot_at_max_tokens.";
   }
-  return mine;
-}
-
-/// "fiar: <backend> all-reduce on rank <r> gave up after <t> ms <waited> (call <c>): ...": a call that waited past its
-/// deadline, on any backend.
-inline std::string call_timeout_text(std::string_view backend, int rank, std::chrono::milliseconds timeout,
-                                     const std::string& waited, std::uint64_t call) {
-  return "fiar: " + std::string(backend) + " all-reduce on rank " + std::to_string(rank) + " gave up after " +
-         std::to_string(timeout.count()) + " ms " + waited + " (call " + std::to_string(call) +
-         "): a rank crashed, hung, or launched a different sequence of collectives. Fix: find that rank's failure; "
-         "the workspace is unusable now, so recreate it on every rank.";
-}
-
-/// A call digest as the error message shows it: "call 3, num_tokens 8, pattern allreduce, strategy oneshot" (strategy
-/// "auto" for a backend without strategies of its own, which sends 0).
-inline std::string call_digest_text(const algo::CallDigest& d) {
-  const auto pat = static_cast<Pattern>(d.pattern);
-  const std::string pattern_name =
-      is_valid(pat) ? std::string(to_string(pat)) : "pattern value " + std::to_string(d.pattern);
-  const char* strategy_name = d.strategy == algo::kDigestOneShot    ? "oneshot"
-                              : d.strategy == algo::kDigestTwoShot  ? "twoshot"
-                              : d.strategy == algo::kDigestMultimem ? "multimem"
-                                                                    : "auto";
-  return "call " + std::to_string(d.call) + ", num_tokens " + std::to_string(d.num_tokens) + ", pattern " +
-         pattern_name + ", strategy " + strategy_name;
-}
-
-/// "fiar: <backend> all-reduce on rank <r> ... does not match rank <p>'s ...": ranks that made different calls.
-inline std::string call_mismatch_text(std::string_view backend, int rank, const algo::CallDigest& mine, int peer,
-                                      const algo::CallDigest& theirs) {
-  return "fiar: " + std::string(backend) + " all-reduce on rank " + std::to_string(rank) + " was called with {" +
-         call_digest_text(mine) + "} but rank " + std::to_string(peer) + " with {" + call_digest_text(theirs) +
-         "}; nothing reduced from the two was returned. Every rank of the group must make the same sequence of calls "
-         "with the same num_tokens, pattern and strategy. Fix: make the ranks agree (e.g. pad the batch to the same "
-         "num_tokens on every rank); the workspace is unusable now, so recreate it on every rank.";
-}
-
-/// The implementation of backend P's workspace: each backend specializes it (backend/<name>.hpp) with
-/// `template <ReduceType T, class Platform> using type = ...;`.
-template <class P>
-struct BackendImpl;
-
-/// What a backend's implementation provides to Workspace<P, T, Platform>.
-template <class I, class T>
-concept WorkspaceImpl = requires(I& i, const I& ci, const Topology& topo, const WorkspaceConfig& cfg,
-                                 const FusedArgs<T>& a, cudaStream_t stream, Strategy s, int n) {
-  { I::config_error(topo, cfg) } -> std::same_as<std::string>;
-  { I::required_bytes(topo, cfg) } -> std::same_as<std::size_t>;
-  { I::creation_extras(topo, cfg) } -> std::same_as<CreationExtras>;
-  { ci.topology() } -> std::same_as<const Topology&>;
-  { ci.config() } -> std::same_as<const WorkspaceConfig&>;
-  { ci.arch() } -> std::same_as<int>;
-  { ci.strategy_for(n) } -> std::same_as<Strategy>;
-  { ci.last_strategy() } -> std::same_as<Strategy>;
-  { ci.strategy_thresholds() } -> std::same_as<const StrategyThresholds&>;
-  { ci.has_nccl_route() } -> std::same_as<bool>;
-  { ci.nccl_route_reason() } -> std::same_as<const std::string&>;
-  { ci.is_buffer_size_sufficient(n, s) } -> std::same_as<bool>;
-  { ci.strategy_error(n, s) } -> std::same_as<std::string>;
-  ci.check();
-  i.begin_call(stream);
-  i.template launch<Pattern::AllReduce>(a, stream, s);
 };
 
 }  // namespace detail
 
 /// The per-group buffers and protocol state of backend P for element type T, on Platform (CudaPlatform: GPUs;
-/// HostPlatform: the host emulator). Move-only. Its members are declared here, once for every backend, so
-/// `template class Workspace<P, T, Platform>;` emits them.
+/// HostPlatform: the host emulator): the engines P names (see the header comment). Move-only.
 template <AllreducePolicy P, ReduceType T, Platform Pf = CudaPlatform>
-class Workspace {
-  using Impl = typename detail::BackendImpl<P>::template type<T, Pf>;
-  static_assert(detail::WorkspaceImpl<Impl, T>, "a backend's implementation must provide detail::WorkspaceImpl");
-  static constexpr bool kLamport = requires { Impl::buffer_words(1, 0, WorkspaceConfig{}); };
-  static constexpr bool kAdopts = requires(NcclComm c, const Topology& t) { Impl::adopt_error(c, t); };
+class Workspace : public detail::WorkspaceCore<T, Pf> {
+  using Core = detail::WorkspaceCore<T, Pf>;
+  using Lamport = typename detail::LamportOf<P, T, Pf>::type;
+  using Nccl = detail::NcclEngine<T, Pf>;
+  static constexpr bool kLamport = P::custom_kernels;
+  static constexpr bool kAdopts = !kLamport && std::is_same_v<Pf, CudaPlatform>;
 
  public:
   using policy_type = P;
   using value_type = T;
   using platform_type = Pf;
 
-  /// Bytes of memory each rank allocates for this configuration (see docs/api.md per backend).
+  /// Bytes of memory each rank allocates for this configuration (see docs/api.md per backend): trtllm / mnnvl their
+  /// Lamport region without the NCCL route (with it, less: the buffers hold only the calls below nccl_min_bytes;
+  /// plus the route's own), nccl its sum buffer (host emulator: and its shared block).
   static std::size_t required_bytes(const Topology& topo, const WorkspaceConfig& cfg) {
-    return Impl::required_bytes(topo, cfg);
+    if constexpr (kLamport) {
+      return Lamport::region_bytes(buffer_words(topo.world_size, topo.arch, cfg), cfg);
+    } else {
+      return Nccl::required_bytes(topo, cfg);
+    }
   }
   /// "" when this backend can serve the configuration on the topology, else the error creation would throw.
   static std::string why_not(const Topology& topo, const WorkspaceConfig& cfg) {
     // The topology first (check_topology validates it too): the configuration checks size buffers from it.
     if (std::string e = detail::topology_error<P>(topo); !e.empty()) return e;
-    return Impl::config_error(topo, cfg);
+    return config_error(topo, cfg);
   }
   /// A well-formed topology and an empty why_not().
   static bool can_implement(const Topology& topo, const WorkspaceConfig& cfg) {
@@ -269,11 +253,13 @@ class Workspace {
     }
     return why_not(topo, cfg).empty();
   }
-  /// Words of one Lamport buffer for this configuration (one of three; a call uses one). Lamport backends only.
+  /// Words of one Lamport buffer for this configuration (one of three; a call uses one), without the NCCL route.
+  /// Lamport backends only.
   static std::size_t buffer_words(int world_size, int arch, const WorkspaceConfig& cfg)
     requires kLamport
   {
-    return Impl::buffer_words(world_size, arch, cfg);
+    const auto t = thresholds(Topology{.world_size = world_size, .arch = arch}, cfg);
+    return Lamport::buffer_words(world_size, cfg, t.oneshot_max_bytes, cfg.max_token_num);
   }
 
   /// Collective: every rank of the group constructs its workspace with the same topology (bar rank) and
@@ -283,10 +269,17 @@ class Workspace {
   /// mnnvl for their NCCL route when the largest call reaches the strategy table's nccl_min_bytes.
   template <Bootstrap B>
   Workspace(B& boot, const Topology& topo, const WorkspaceConfig& cfg, const typename Pf::Options& options = {})
-      : impl_(detail::agree_on_creation<P, T>(
-                  boot, topo, cfg, [&] { return Impl::config_error(topo, cfg); }, [] { return creation_error(); },
-                  [&] { return Impl::creation_extras(topo, cfg); }),
-              boot, topo, cfg, options) {
+      : Core(options, P::backend, kLamport, P::needs_multicast, topo, cfg,
+             agreed_thresholds(boot, topo, cfg, [] { return creation_error(); })) {
+    if constexpr (kLamport) {
+      create_route(boot);  // first: whether the route exists decides how many tokens the Lamport buffers hold
+      const std::size_t words =
+          Lamport::buffer_words(topo.world_size, cfg, this->thresholds_.oneshot_max_bytes, this->lamport_tokens());
+      lamport_.emplace(this->platform_, boot, topo, cfg, words);
+      this->data_words_ = words - algo::header_words(topo.world_size);
+    } else {
+      nccl_.emplace(this->platform_, boot, topo, cfg, this->thresholds_.nccl_symmetric_max_bytes);
+    }
     warn_if_slow(topo);
   }
 
@@ -297,31 +290,22 @@ class Workspace {
     requires kAdopts
   Workspace(B& boot, NcclComm comm, const Topology& topo, const WorkspaceConfig& cfg,
             const typename Pf::Options& options = {})
-      : impl_(detail::agree_on_creation<P, T>(
-                  boot, topo, cfg, [&] { return Impl::config_error(topo, cfg); },
-                  [&] { return Impl::adopt_error(comm, topo); }, [&] { return Impl::creation_extras(topo, cfg); }),
-              boot, comm, topo, cfg, options) {
+      : Core(options, P::backend, false, false, topo, cfg, agreed_thresholds(boot, topo, cfg, [&] {
+               std::string e = creation_error();
+               return e.empty() ? detail::NcclCollective::adopt_error(comm, topo) : e;
+             })) {
+    nccl_.emplace(this->platform_, boot, topo, cfg, this->thresholds_.nccl_symmetric_max_bytes, comm, true);
     warn_if_slow(topo);
   }
 
   Workspace(Workspace&&) noexcept = default;
-
- private:
-  // A backend that runs but is expected to lose here (trtllm on a PCIe-only node of more than 2 ranks): one warning
-  // for the group, from rank 0. Auto never picks one; an explicit request is honoured.
-  static void warn_if_slow(const Topology& topo) {
-    if (topo.rank != 0 || !slow_on(P::backend, topo)) return;
-    log(LogLevel::Warning, "rank 0: " + expected_cost(P::backend, topo) + ". Fix: unset " +
-                               std::string(backend_env_var) + " (auto) or set it to nccl.");
-  }
-
- public:
-  /// Releases this workspace first, in the order its destructor does (nccl: the communicator before the memory it
-  /// may still use), then takes `other`'s; assigning a workspace to itself changes nothing.
+  /// Releases this workspace first, in the order its destructor does (the engines before the platform's memory they
+  /// use; nccl: the communicator before its window), then takes `other`'s; assigning a workspace to itself changes
+  /// nothing.
   Workspace& operator=(Workspace&& other) noexcept {
     if (this != &other) {
-      std::destroy_at(&impl_);
-      std::construct_at(&impl_, std::move(other.impl_));
+      std::destroy_at(this);
+      std::construct_at(this, std::move(other));
     }
     return *this;
   }
@@ -344,92 +328,185 @@ class Workspace {
   template <Pattern Q>
   void run(const FusedArgs<T>& a, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
     static_assert(is_valid(Q), "fiar: run<Q>: Q is not a Pattern enumerator");
-    impl_.begin_call(stream);
-    const Topology& topo = impl_.topology();
-    detail::validate_call_basics(topo.rank, Q, strategy, a.in, a.out, a.num_tokens, impl_.config().max_token_num);
-    if (std::string e = impl_.strategy_error(a.num_tokens, strategy); !e.empty()) {
-      throw std::invalid_argument(detail::call_where(Q, topo.rank) + e);
+    const int hidden = this->cfg_.hidden_dim;
+    if constexpr (kLamport) {
+      lamport_->check();
+      const Strategy s = this->template checked_strategy<Q>(a, strategy);
+      if (s == Strategy::Nccl) {
+        // The Lamport buffers are untouched: every rank skips them alike, so the next Lamport call finds them as the
+        // last one left them.
+        nccl_->begin_call(stream);
+        nccl_->template launch<Q>(this->platform_, a, hidden, stream);
+      } else {
+        lamport_->template launch<Q>(this->platform_, a, hidden, s, stream);
+        if constexpr (Pf::synchronous) lamport_->check();
+      }
+      this->last_strategy_ = s;
+    } else {
+      nccl_->begin_call(stream);
+      this->template checked_strategy<Q>(a, strategy);
+      nccl_->template launch<Q>(this->platform_, a, hidden, stream);
     }
-    detail::validate_fused<Q, T>(a, impl_.config().hidden_dim, impl_.arch(), topo.rank, impl_.platform());
-    impl_.template launch<Q>(a, stream, strategy);
   }
 
-  /// Throws fiar::timeout_error once a call of this workspace gave up waiting for a peer (then on every later call:
-  /// recreate the workspace on every rank); nccl on CudaPlatform also fiar::cuda_error for an asynchronous NCCL
-  /// error; std::logic_error on a moved-from workspace.
-  void check() const { impl_.check(); }
+  /// Throws fiar::mismatch_error if a call of this workspace saw a peer's call digest differ from its own, and
+  /// fiar::timeout_error once a call gave up waiting for a peer (then on every later call: recreate the workspace on
+  /// every rank); nccl on CudaPlatform also fiar::cuda_error for an asynchronous NCCL error; std::logic_error on a
+  /// moved-from workspace.
+  void check() const {
+    if constexpr (kLamport) lamport_->check();
+    if (nccl_) nccl_->check();
+  }
 
   /// Test hook, not for production: numbers this rank's next call `call` (the protocol's counter wraps at 2^32, every
   /// ~5-8 days of serving). Every rank of the group sets the same value once all have finished their previous call (a
   /// barrier before), and they meet again (a barrier) before the next call. Lets a test cross the wrap without 2^32
   /// calls.
-  void testing_set_call_counter(std::uint32_t call) { impl_.set_call_counter(call); }
-
-  /// The strategy Strategy::Auto takes for a call of num_tokens tokens (the same on every rank; Auto on nccl).
-  [[nodiscard]] Strategy strategy_for(int num_tokens) const { return impl_.strategy_for(num_tokens); }
-  /// The strategy the last call ran.
-  [[nodiscard]] Strategy last_strategy() const { return impl_.last_strategy(); }
-  /// Whether one call of num_tokens tokens with strategy s fits (the real per-call capacity).
-  [[nodiscard]] bool is_buffer_size_sufficient(int num_tokens, Strategy s = Strategy::Auto) const {
-    return impl_.is_buffer_size_sufficient(num_tokens, s);
+  void testing_set_call_counter(std::uint32_t call) {
+    if constexpr (kLamport) lamport_->set_call_counter(this->platform_, call);
+    if (nccl_) nccl_->set_call_counter(call);
   }
+
   /// The per-rank message bytes up to which Strategy::Auto takes one-shot. Lamport backends only.
   [[nodiscard]] std::size_t oneshot_threshold() const
     requires kLamport
   {
-    return impl_.oneshot_threshold();
+    return this->thresholds_.oneshot_max_bytes;
   }
-  /// The row of the strategy table this workspace resolved at creation (the same on every rank): where
-  /// Strategy::Auto changes path. The nccl backend applies only nccl_symmetric_max_bytes (its other fields are 0 or
-  /// fiar::never).
-  [[nodiscard]] const StrategyThresholds& strategy_thresholds() const { return impl_.strategy_thresholds(); }
-  /// Whether Strategy::Nccl can run: trtllm / mnnvl when creation set up the NCCL route (a call of max_token_num
-  /// tokens reaches nccl_min_bytes and the route could be set up); always on the nccl backend.
-  [[nodiscard]] bool has_nccl_route() const { return impl_.has_nccl_route(); }
-  /// Why there is no NCCL route ("" when there is one).
-  [[nodiscard]] const std::string& nccl_route_reason() const { return impl_.nccl_route_reason(); }
-  /// The architecture the kernels run on: the GPU's on CudaPlatform, the topology's on the host emulator.
-  [[nodiscard]] int arch() const { return impl_.arch(); }
-  [[nodiscard]] const Topology& topology() const { return impl_.topology(); }
-  [[nodiscard]] const WorkspaceConfig& config() const { return impl_.config(); }
-  [[nodiscard]] Pf& platform() { return impl_.platform(); }
 
   /// The communicator the calls run on (owned or adopted; null after a timeout aborted it). nccl on CudaPlatform.
   [[nodiscard]] NcclComm comm() const
     requires kAdopts
   {
-    return impl_.comm();
+    return nccl_->collective().comm();
   }
   /// Whether the workspace created (and destroys) its communicator. nccl on CudaPlatform.
   [[nodiscard]] bool owns_comm() const
     requires kAdopts
   {
-    return impl_.owns_comm();
+    return nccl_->collective().owns_comm();
   }
   /// Whether the calls run on NCCL's symmetric kernels (a symmetric window registered at creation: NCCL 2.27+, an
   /// owned communicator, FIAR_NCCL_SYMMETRIC not 0). nccl on CudaPlatform.
   [[nodiscard]] bool nccl_symmetric() const
     requires kAdopts
   {
-    return impl_.symmetric();
+    return nccl_->collective().symmetric();
   }
   /// Why the calls take classic ncclAllReduce ("" when nccl_symmetric()). nccl on CudaPlatform.
   [[nodiscard]] const std::string& nccl_classic_reason() const
     requires kAdopts
   {
-    return impl_.classic_reason();
+    return nccl_->collective().classic_reason();
   }
 
  private:
-  static std::string creation_error() {
-    if constexpr (requires { Impl::creation_error(); }) {
-      return Impl::creation_error();
+  static StrategyThresholds thresholds(const Topology& topo, const WorkspaceConfig& cfg) {
+    return fiar::strategy_thresholds(P::backend, topo, cfg);
+  }
+  // Why the engines cannot exist in this build ("" when they can): nccl without NCCL on CudaPlatform.
+  static std::string creation_error() { return kLamport ? std::string() : Nccl::creation_error(); }
+  // Whether a call of max_token_num tokens reaches the route's threshold (only then is the route set up).
+  static bool route_reached(const Topology& topo, const WorkspaceConfig& cfg) {
+    return topo.world_size > 1 && thresholds(topo, cfg).nccl_min_bytes <= Nccl::max_bytes(cfg);
+  }
+  // The configuration checks ("" when it passes): every backend's, then the Lamport buffer's bound and the route a
+  // caller asked for.
+  static std::string config_error(const Topology& topo, const WorkspaceConfig& cfg) {
+    if (std::string e = detail::common_config_error<T>(cfg); !e.empty()) return e;
+    if constexpr (kLamport) {
+      const std::string name(to_string(P::backend));
+      if (cfg.nccl_min_bytes && route_reached(topo, cfg)) {
+        if (std::string e = Nccl::creation_error(); !e.empty()) {
+          return "fiar: WorkspaceConfig::nccl_min_bytes = " + std::to_string(*cfg.nccl_min_bytes) + " asks the " +
+                 name + " workspace for its NCCL route, but " + detail::without_fiar_prefix(e) +
+                 " Or leave nccl_min_bytes unset (or fiar::never): the calls then stay on fiar's kernels.";
+        }
+      }
+      const std::size_t words = buffer_words(topo.world_size, topo.arch, cfg);
+      if (words > std::numeric_limits<std::uint32_t>::max()) {
+        return "fiar: the " + name + " workspace for max_token_num " + std::to_string(cfg.max_token_num) +
+               ", hidden_dim " + std::to_string(cfg.hidden_dim) + " and world_size " + std::to_string(topo.world_size) +
+               " needs " + std::to_string(words * 4) +
+               " bytes per Lamport buffer; allowed: at most 16 GiB. Fix: lower max_token_num (or oneshot_max_bytes / "
+               "oneshot_at_max_tokens).";
+      }
+    }
+    return "";
+  }
+  // Collective: every rank checks and agrees (detail::agree_on_creation); the strategy table's row they agreed on.
+  template <Bootstrap B, class CreationError>
+  static StrategyThresholds agreed_thresholds(B& boot, const Topology& topo, const WorkspaceConfig& cfg,
+                                              CreationError&& creation_error) {
+    auto extras = [&] {
+      const std::size_t words = kLamport ? buffer_words_of(topo, cfg) : required_bytes(topo, cfg) / 4;
+      return detail::CreationExtras{words, thresholds(topo, cfg), kLamport};
+    };
+    return detail::agree_on_creation<P, T>(
+               boot, topo, cfg, [&] { return config_error(topo, cfg); }, creation_error, extras)
+        .thresholds;
+  }
+  static std::size_t buffer_words_of(const Topology& topo, const WorkspaceConfig& cfg) {
+    if constexpr (kLamport) {
+      return buffer_words(topo.world_size, topo.arch, cfg);
     } else {
-      return "";
+      return 0;
     }
   }
 
-  Impl impl_;
+  // A backend that runs but is expected to lose here (trtllm on a PCIe-only node of more than 2 ranks): one warning
+  // for the group, from rank 0. Auto never picks one; an explicit request is honoured.
+  static void warn_if_slow(const Topology& topo) {
+    if (topo.rank != 0 || !slow_on(P::backend, topo)) return;
+    log(LogLevel::Warning, "rank 0: " + expected_cost(P::backend, topo) + ". Fix: unset " +
+                               std::string(backend_env_var) + " (auto) or set it to nccl.");
+  }
+
+  // Collective (before the Lamport region): the NCCL route when the largest call reaches its threshold. A route the
+  // caller asked for (nccl_min_bytes given) that cannot be set up fails the creation on every rank; the table's own
+  // is left out with one warning, and those calls take the Lamport strategies. A timeout (a rank missing) always
+  // fails the creation.
+  template <Bootstrap B>
+  void create_route(B& boot) {
+    const Topology& topo = this->topo_;
+    const WorkspaceConfig& cfg = this->cfg_;
+    const std::size_t from = this->thresholds_.nccl_min_bytes;
+    this->route_ = false;
+    if (!route_reached(topo, cfg)) {
+      this->route_reason_ =
+          topo.world_size == 1 ? std::string("a single rank has nothing to reduce")
+          : from == never ? std::string("the strategy table has no NCCL step for this group (nccl_min_bytes never)")
+                          : "no call reaches nccl_min_bytes = " + std::to_string(from) + " (the largest, " +
+                                std::to_string(cfg.max_token_num) + " tokens, has " +
+                                std::to_string(Nccl::max_bytes(cfg)) + " bytes)";
+      return;
+    }
+    std::string failure = detail::without_fiar_prefix(Nccl::creation_error());
+    if (failure.empty()) {
+      try {
+        nccl_.emplace(this->platform_, boot, topo, cfg, this->thresholds_.nccl_symmetric_max_bytes);
+        this->route_ = true;
+        return;
+      } catch (const timeout_error&) {
+        throw;
+      } catch (const std::exception& e) {
+        if (cfg.nccl_min_bytes) throw;
+        failure = detail::without_fiar_prefix(e.what());
+      }
+    }
+    this->route_reason_ = "setting it up failed: " + failure;
+    if (topo.rank == 0) {
+      log(LogLevel::Warning, "rank 0: the " + std::string(to_string(P::backend)) +
+                                 " workspace's NCCL route (calls from " + std::to_string(from) +
+                                 " bytes per rank) is off, those calls stay on fiar's kernels: " + this->route_reason_ +
+                                 " Fix: that failure, or WorkspaceConfig::nccl_min_bytes = fiar::never to go "
+                                 "without the route.");
+    }
+  }
+
+  // Declared after the platform (in the base): destroyed before the memory they point into.
+  std::optional<Lamport> lamport_;  ///< trtllm / mnnvl
+  std::optional<Nccl> nccl_;        ///< nccl, or the NCCL route of trtllm / mnnvl
 };
 
 /// What every workspace offers (Workspace<P, T, Platform> for each backend, and AnyWorkspace).

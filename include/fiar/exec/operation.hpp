@@ -46,7 +46,8 @@ template <class Op>
   requires requires { Op::min_arch; }
 inline constexpr int min_arch_of<Op> = Op::min_arch;
 
-/// What the per-token operations share (fiar's Lamport kernels and the epilogue pass): Params with num_tokens and
+/// What the per-token operations share (fiar's Lamport kernels and the epilogue pass): Params with num_tokens (or
+/// epi.num_tokens) and
 /// vecs_per_token, kMaxSpreadThreads threads at most and one resident block per SM promised to ptxas (the grid never
 /// places two of a call's blocks on one SM; without the promise ptxas aims at two and spills at 32 registers),
 /// spread_shape as their grid (a token's vectors over a cluster of blocks), on element type T for pattern P (named in
@@ -59,7 +60,11 @@ struct PerTokenOperation {
   static constexpr int max_threads = kMaxSpreadThreads;
   static constexpr int min_blocks_per_sm = 1;
   static constexpr LaunchShape shape(const Params& p, const LaunchLimits& limits) {
-    return spread_shape(p.num_tokens, p.vecs_per_token, limits.max_blocks);
+    if constexpr (requires { p.num_tokens; }) {
+      return spread_shape(p.num_tokens, p.vecs_per_token, limits.max_blocks);
+    } else {  // the call's own arguments carry it (algo::LamportParams::epi)
+      return spread_shape(p.epi.num_tokens, p.vecs_per_token, limits.max_blocks);
+    }
   }
 };
 
