@@ -76,12 +76,25 @@ def main() -> int:
                 break
         else:
             failures.append(consumer(tmp, "find_package-meson", [f"-DCMAKE_PREFIX_PATH={meson_prefix}"]))
+            # Both prefixes hold the same pkg-config file (its prefix line aside).
+            def pc_fields(root):
+                path = os.path.join(root, "share", "pkgconfig", "fiar.pc")
+                if not os.path.exists(path):
+                    return None
+                return sorted(line.strip() for line in open(path, encoding="utf-8")
+                              if line.strip() and not line.startswith(("prefix=", "libdir=")))
+            cmake_pc, meson_pc = pc_fields(prefix), pc_fields(meson_prefix)
+            if cmake_pc is None:
+                failures.append(f"FAIL (install): cmake --install wrote no share/pkgconfig/fiar.pc under {prefix}")
+            elif cmake_pc != meson_pc:
+                failures.append(f"FAIL (install): the fiar.pc of cmake --install differs from meson install's:\n"
+                                f"{cmake_pc}\n{meson_pc}")
     failures = [f for f in failures if f]
     if failures:
         print("\n".join(failures))
         return 1
     print("ok: CMake consumers by add_subdirectory, FetchContent and find_package (cmake --install and meson install "
-          "prefixes) build and run")
+          "prefixes) build and run; both prefixes hold the same fiar.pc")
     return 0
 
 

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-# Lines per page. fmt documents 17 k header lines in 1,855 doc lines; fiar's 10.8 k header lines get 5,600, most of
+# Lines per page. fmt documents 17 k header lines in 1,855 doc lines; fiar's 10.8 k header lines get 5,680, most of
 # them the message catalogue (every message, checked by test/tools/check_messages.py) and the design's reasons.
 BUDGETS = {
     "README.md": 300,
@@ -23,7 +23,7 @@ BUDGETS = {
     "docs/backends.md": 780,
     "docs/design.md": 1280,
     "docs/performance.md": 560,
-    "docs/troubleshooting.md": 1860,
+    "docs/troubleshooting.md": 1900,
 }
 
 

@@ -8,8 +8,10 @@
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/cases.hpp"
@@ -341,4 +343,39 @@ TEST_CASE("routes: a call one rank routes to NCCL and another does not times out
     CHECK(seen[fiar_test::at(r)].took < 5s);
     CHECK_FALSE(seen[fiar_test::at(r)].checked.empty());
   }
+}
+
+TEST_CASE("routes: after its NCCL route failed, a workspace launches nothing, not even a Lamport-sized call",
+          "[routes]") {
+  const int world = 2;
+  const fiar::WorkspaceConfig cfg{
+      .max_token_num = 8, .hidden_dim = 64, .timeout = 300ms, .nccl_min_bytes = 4 * 64 * sizeof(float)};
+  std::string routed, after;
+  std::chrono::steady_clock::duration took{};
+  std::atomic<bool> done{false};
+  auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    HostWs<float, TrtllmPolicy> ws(boot, one_node(world, rank), cfg, kSmallGrid);
+    std::vector<float> in(8 * 64, 1.0f), out(8 * 64);
+    if (rank == 1) {  // rank 1 makes no call: rank 0's routed call times out
+      while (!done) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    try {
+      ws.allreduce(in.data(), out.data(), 4, nullptr, Strategy::Nccl);
+    } catch (const fiar::timeout_error& e) {
+      routed = e.what();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ws.allreduce(in.data(), out.data(), 1);  // one-shot: it would wait for rank 1 the whole timeout if launched
+    } catch (const fiar::timeout_error& e) {
+      after = e.what();
+    }
+    took = std::chrono::steady_clock::now() - start;
+    done = true;
+  });
+  fiar_test::require_no_errors(errors);
+  CHECK_THAT(routed, Catch::Contains("nccl all-reduce on rank 0 gave up after 300 ms"));
+  CHECK(after == routed);
+  CHECK(took < 150ms);
 }

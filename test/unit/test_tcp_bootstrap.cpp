@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The TCP bootstrap with its ranks as threads (the process cases are test/tools/check_processes.py): all-gather in
 // rank order, disagreements, bounded waits, the launchers' environment variables, and the host emulator on top of it.
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,8 +11,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <functional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +68,32 @@ std::vector<std::string> run_threads(const std::vector<int>& ranks, const std::f
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// A raw connection to host:port, retried until something listens there or `within` passes (-1: none).
+int connect_raw(const char* host, int port, std::chrono::milliseconds within = 5s) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  do {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    ::inet_pton(AF_INET, host, &a.sin_addr);
+    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return s;
+    ::close(s);
+    std::this_thread::sleep_for(10ms);
+  } while (std::chrono::steady_clock::now() < until);
+  return -1;
+}
+
+// This process's resident memory, in KiB.
+long resident_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  return 0;
+}
+
 // Sets environment variables for one scope and restores them.
 class ScopedEnv {
  public:
@@ -91,6 +122,8 @@ class ScopedEnv {
                                          "FIAR_LOCAL_WORLD_SIZE",
                                          "FIAR_MASTER_ADDR",
                                          "FIAR_MASTER_PORT",
+                                         "FIAR_BOOTSTRAP_TOKEN",
+                                         "FIAR_LISTEN_ALL",
                                          "RANK",
                                          "WORLD_SIZE",
                                          "LOCAL_RANK",
@@ -328,4 +361,170 @@ TEST_CASE("tcp: a trtllm workspace on the host emulator over the TCP bootstrap (
   });
   for (const auto& e : errors) CHECK(e.empty());
   CHECK(wrong == 0);
+}
+
+TEST_CASE("tcp: SHA-256 and HMAC-SHA-256 give the standards' test vectors", "[tcp]") {
+  auto hex = [](const fiar::detail::Digest256& d) {
+    std::string out;
+    char buf[3];
+    for (std::byte b : d) {
+      std::snprintf(buf, sizeof(buf), "%02x", static_cast<unsigned>(b));
+      out += buf;
+    }
+    return out;
+  };
+  auto bytes = [](const std::string& text) { return std::as_bytes(std::span(text.data(), text.size())); };
+  // FIPS 180-2, appendix B.1 and B.2.
+  CHECK(hex(fiar::detail::sha256(bytes("abc"))) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(hex(fiar::detail::sha256(bytes("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))) ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // RFC 4231, test cases 2 and 6 (a key longer than the block).
+  CHECK(hex(fiar::detail::hmac_sha256(bytes("Jefe"), bytes("what do ya want for nothing?"))) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  CHECK(hex(fiar::detail::hmac_sha256(bytes(std::string(131, '\xaa')),
+                                      bytes("Test Using Larger Than Block-Size Key - Hash Key First"))) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  CHECK(fiar::detail::equal_in_constant_time(bytes("same"), bytes("same")));
+  CHECK_FALSE(fiar::detail::equal_in_constant_time(bytes("same"), bytes("sane")));
+}
+
+TEST_CASE("tcp: strangers are dropped while the group forms and runs, without delay or memory growth", "[tcp]") {
+  const int port = free_port();
+  const long rss_before = resident_kib();
+  std::atomic<bool> formed{false};
+  std::atomic<int> idle_fd{-1};
+  // Four strangers, one after the other, while rank 0 waits for its peers: a well-formed hello under another token
+  // (claiming world size 99: it must not stop the group), garbage, a header that announces 1 GiB, and a connection
+  // that says nothing and stays open.
+  std::thread strangers([&] {
+    auto frame = [](std::uint32_t kind, std::uint64_t bytes, std::int32_t rank, std::int32_t world) {
+      fiar::detail::TcpFrame f;
+      f.magic = fiar::detail::kTcpMagic;
+      f.kind = kind;
+      f.bytes = bytes;
+      f.rank = rank;
+      f.world = world;
+      return f;
+    };
+    {
+      const int c = connect_raw("127.0.0.1", port);
+      fiar::detail::TcpFrame challenge;
+      std::byte nonce[fiar::detail::kTcpNonceBytes];
+      if (c >= 0 && ::recv(c, &challenge, sizeof(challenge), MSG_WAITALL) == sizeof(challenge) &&
+          ::recv(c, nonce, sizeof(nonce), MSG_WAITALL) == sizeof(nonce)) {
+        const auto hello = frame(fiar::detail::TcpFrame::kHello, fiar::detail::kTcpProofBytes, 2, 99);
+        const auto proof = fiar::detail::tcp_proof("not the token", nonce, 2, 99);
+        (void)::send(c, &hello, sizeof(hello), MSG_NOSIGNAL);
+        (void)::send(c, proof.data(), proof.size(), MSG_NOSIGNAL);
+      }
+      std::this_thread::sleep_for(50ms);
+      if (c >= 0) ::close(c);
+    }
+    {
+      const int c = connect_raw("127.0.0.1", port);
+      const char garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789abcdef";
+      (void)::send(c, garbage, sizeof(garbage), MSG_NOSIGNAL);
+      std::this_thread::sleep_for(50ms);
+      if (c >= 0) ::close(c);
+    }
+    {
+      const int c = connect_raw("127.0.0.1", port);
+      const auto huge = frame(fiar::detail::TcpFrame::kHello, std::uint64_t{1} << 30, 1, 3);
+      (void)::send(c, &huge, sizeof(huge), MSG_NOSIGNAL);
+      std::this_thread::sleep_for(50ms);
+      if (c >= 0) ::close(c);
+    }
+    idle_fd = connect_raw("127.0.0.1", port);
+  });
+  std::chrono::steady_clock::duration joining{};
+  const auto errors = run_threads({0, 1, 2}, [&](int rank) {
+    auto o = options(rank, 3, port, 10s);
+    o.token = "s3cret";
+    if (rank != 0) {
+      // The real ranks come after the strangers (and after the idle connection is open).
+      while (idle_fd.load() < 0) std::this_thread::sleep_for(5ms);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    fiar::TcpBootstrap boot(o);
+    if (rank == 1) joining = std::chrono::steady_clock::now() - start;
+    std::vector<std::int32_t> all(3);
+    const std::int32_t mine = 10 + rank;
+    boot.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
+    if (all != std::vector<std::int32_t>{10, 11, 12}) throw std::runtime_error("wrong all_gather");
+    formed = true;
+  });
+  strangers.join();
+  if (idle_fd.load() >= 0) ::close(idle_fd.load());
+  for (const auto& e : errors) CHECK(e.empty());
+  CHECK(formed);
+  // The idle stranger did not hold the rendezvous (it has 2 s of its own, polled beside everyone else).
+  CHECK(joining < 1500ms);
+  // Nothing announced by a stranger was allocated.
+  CHECK(resident_kib() - rss_before < 64 * 1024);
+}
+
+TEST_CASE("tcp: a rank with another token is dropped, and rank 0's timeout says why", "[tcp]") {
+  const int port = free_port();
+  const auto errors = run_threads({0, 1}, [&](int rank) {
+    auto o = options(rank, 2, port, 1500ms);
+    o.token = rank == 0 ? "one" : "another";
+    fiar::TcpBootstrap boot(o);
+  });
+  CAPTURE(errors[0]);
+  CHECK(contains(errors[0], "missing rank(s): 1"));
+  CHECK(contains(errors[0], "does not match this job's token (FIAR_BOOTSTRAP_TOKEN)"));
+  CHECK_FALSE(errors[1].empty());
+}
+
+TEST_CASE("tcp: rank 0 listens only on the address master_addr resolves to", "[tcp]") {
+  const int port = free_port();
+  std::atomic<bool> probed{false};
+  bool reachable_elsewhere = true, reachable_there = false;
+  const auto errors = run_threads({0, 1}, [&](int rank) {
+    if (rank == 1) {
+      // 127.0.0.2 is another address of this machine (all of 127/8 is loopback): a listener bound to 127.0.0.1 is
+      // not reachable there.
+      const int there = connect_raw("127.0.0.1", port);
+      reachable_there = there >= 0;
+      if (there >= 0) ::close(there);
+      const int elsewhere = connect_raw("127.0.0.2", port, 300ms);
+      reachable_elsewhere = elsewhere >= 0;
+      if (elsewhere >= 0) ::close(elsewhere);
+      probed = true;
+    }
+    fiar::TcpBootstrap boot(options(rank, 2, port, 10s));
+    boot.barrier();
+  });
+  for (const auto& e : errors) CHECK(e.empty());
+  CHECK(probed);
+  CHECK(reachable_there);
+  CHECK_FALSE(reachable_elsewhere);
+}
+
+TEST_CASE("tcp: a rank and a world size from two launchers that disagree are refused, naming both", "[tcp]") {
+  {
+    ScopedEnv env({{"RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    CHECK_THROWS_WITH(fiar::launch_environment(),
+                      Catch::Contains("RANK = 1 (torchrun) but OMPI_COMM_WORLD_RANK = 3 (Open MPI)"));
+  }
+  {
+    ScopedEnv env({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    CHECK_THROWS_WITH(fiar::launch_environment(),
+                      Catch::Contains("WORLD_SIZE = 8 (torchrun) but OMPI_COMM_WORLD_SIZE = 4 (Open MPI)"));
+  }
+  {
+    // Slurm's variables are inherited by whatever an allocation runs (mpirun inside sbatch): never a disagreement.
+    ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "2"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"SLURM_PROCID", "0"},
+                   {"SLURM_NTASKS", "1"},
+                   {"FIAR_BOOTSTRAP_TOKEN", "t"},
+                   {"FIAR_LISTEN_ALL", "1"}});
+    const auto e = fiar::launch_environment();
+    CHECK(e.rank == 2);
+    CHECK(e.world_size == 4);
+    const auto o = fiar::TcpBootstrapOptions::from_environment();
+    CHECK(o.token == "t");
+    CHECK(o.listen_all);
+  }
 }

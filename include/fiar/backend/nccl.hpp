@@ -86,6 +86,8 @@ class NcclEngine {
   }
 
   void check() const { coll_.check(); }
+  /// Throws a failure a call recorded (cheap: no query of the library or the device).
+  void check_recorded() const { coll_.check_recorded(); }
   void set_call_counter(std::uint32_t call) { coll_.set_call_counter(call); }
   [[nodiscard]] const Collective& collective() const { return coll_; }
 

@@ -331,6 +331,7 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
     const int hidden = this->cfg_.hidden_dim;
     if constexpr (kLamport) {
       lamport_->check();
+      if (nccl_) nccl_->check_recorded();  // a workspace whose route failed launches nothing any more
       const Strategy s = this->template checked_strategy<Q>(a, strategy);
       if (s == Strategy::Nccl) {
         // The Lamport buffers are untouched: every rank skips them alike, so the next Lamport call finds them as the

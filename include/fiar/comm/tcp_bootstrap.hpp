@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // fiar/comm/tcp_bootstrap.hpp — a Bootstrap for ranks that are separate processes (one per GPU, on one node or many),
 // meeting over TCP at rank 0's address, with the launch conventions users know (FIAR_*, torchrun, Open MPI, Slurm).
-// Contract: rank 0 listens on the rendezvous port, every other rank connects to it; all_gather sends each block to
-// rank 0, which answers every rank with all of them in rank order. Every wait (connecting, the hello, every
-// collective) ends by the timeout: a rank that never arrives, leaves or dies makes every other rank throw
-// fiar::timeout_error naming it, and the group is broken afterwards (every later collective throws at once).
+// Contract: rank 0 listens on the rendezvous port of the addresses master_addr resolves to (every interface only with
+// listen_all), every other rank connects and proves it knows the job's token (HMAC-SHA-256 of rank 0's challenge);
+// a connection that does not prove itself is dropped without failing, delaying or growing the group. all_gather
+// sends each block to rank 0, which answers every rank with all of them in rank order; no frame larger than the
+// protocol expects is read. Every wait (the name lookup, connecting, the hello, every collective) ends by the
+// timeout: a rank that never arrives, leaves or dies makes every other rank throw fiar::timeout_error naming it, and
+// the group is broken afterwards (every later collective throws at once).
 #pragma once
 
 #include <arpa/inet.h>
@@ -21,10 +24,13 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -35,9 +41,11 @@
 #include <vector>
 
 #include "../core/errors.hpp"
+#include "../core/log.hpp"
 #include "../core/prelude.hpp"
 #include "../core/text.hpp"
 #include "../runtime/posix.hpp"
+#include "auth.hpp"
 #include "bootstrap.hpp"
 
 FIAR_BEGIN_NAMESPACE
@@ -79,14 +87,16 @@ inline std::string env_text(const char* name) {
 
 }  // namespace detail
 
-/// Reads the launcher's variables, first set wins for each field:
+/// Reads the launcher's variables. The rank and the world size come from one source, the first that sets a rank:
 ///   rank:        FIAR_RANK, RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI), PMI_RANK (MPICH), SLURM_PROCID
 ///   world size:  FIAR_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS
 ///   local rank:  FIAR_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID
 ///   local size:  FIAR_LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS
 ///   rendezvous:  FIAR_MASTER_ADDR, else MASTER_ADDR; FIAR_MASTER_PORT, else MASTER_PORT + 1 (torchrun's own store
 ///                listens on MASTER_PORT, so fiar's rank 0 takes the next port)
-/// A set variable that is not a valid integer throws std::invalid_argument naming it.
+/// (fiar's own variables may take the world size from a launcher; the local rank and size: first set wins). Two
+/// launchers whose rank or world size disagree (variables inherited from another launch) throw
+/// std::invalid_argument naming both, as does a set variable that is not a valid integer.
 inline LaunchEnvironment launch_environment() {
   struct Source {
     const char *rank, *size, *local_rank, *local_size, *name;
@@ -100,18 +110,43 @@ inline LaunchEnvironment launch_environment() {
       {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm"},
   };
   LaunchEnvironment env;
+  const Source* chosen = nullptr;
   for (const Source& s : kSources) {
-    if (env.rank < 0) {
+    if (chosen == nullptr) {
       if (const auto v = detail::env_int(s.rank, 0)) {
         env.rank = *v;
         env.source = s.name;
+        chosen = &s;
+        env.world_size = detail::env_int(s.size, 1).value_or(-1);
       }
+    } else if (chosen == &kSources[0] && env.world_size < 0) {
+      env.world_size = detail::env_int(s.size, 1).value_or(-1);  // FIAR_RANK with the launcher's size
     }
-    if (env.world_size < 0) env.world_size = detail::env_int(s.size, 1).value_or(-1);
     if (env.local_rank < 0) env.local_rank = detail::env_int(s.local_rank, 0).value_or(-1);
     // Slurm's tasks-per-node can read "4(x2)": only a plain integer counts.
     if (env.local_world_size < 0 && std::string_view(s.name) != "Slurm") {
       env.local_world_size = detail::env_int(s.local_size, 1).value_or(-1);
+    }
+  }
+  // A launcher's rank with another launcher's rank or size that disagrees: variables of two launches. (fiar's own
+  // variables override on purpose; Slurm's are inherited by every program of an allocation, mpirun's included.)
+  if (chosen != nullptr && chosen != &kSources[0]) {
+    for (const Source& s : kSources) {
+      if (&s == chosen || &s == &kSources[0] || std::string_view(s.name) == "Slurm") continue;
+      const auto their_rank = detail::env_int(s.rank, 0);
+      const auto their_size = detail::env_int(s.size, 1);
+      const bool rank_differs = their_rank && *their_rank != env.rank;
+      const bool size_differs = their_size && *their_size != env.world_size;
+      if (!rank_differs && !size_differs) continue;
+      auto var = [](const char* name, int value) {
+        return std::string(name) + (value < 0 ? std::string(" unset") : " = " + std::to_string(value));
+      };
+      throw std::invalid_argument(
+          "fiar: the launchers' variables disagree: " +
+          (rank_differs ? var(chosen->rank, env.rank) : var(chosen->size, env.world_size)) + " (" + chosen->name +
+          ") but " + (rank_differs ? var(s.rank, *their_rank) : var(s.size, *their_size)) + " (" + s.name +
+          "). Fix: unset the variables of the launcher that did not start this process, or set FIAR_RANK and "
+          "FIAR_WORLD_SIZE, which take precedence.");
     }
   }
   env.master_addr = detail::env_text("FIAR_MASTER_ADDR");
@@ -131,6 +166,12 @@ struct TcpBootstrapOptions {
   int master_port = 29600;                ///< the port rank 0 listens on (next to torchrun's default, 29500)
   /// Bounds every wait: the rendezvous (all ranks connected) and each collective.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  /// The job's secret, the same on every rank (FIAR_BOOTSTRAP_TOKEN): a connection joins only by proving it knows it
+  /// (an HMAC-SHA-256 of rank 0's challenge). Empty: no proof, fine on loopback; rank 0 warns once when it listens
+  /// beyond loopback without one.
+  std::string token;
+  /// Rank 0 listens on every interface (FIAR_LISTEN_ALL=1) instead of the address master_addr resolves to.
+  bool listen_all = false;
 
   /// The options launch_environment() gives (master address and port default to 127.0.0.1:29600); throws
   /// std::invalid_argument when no variable gives the rank or the world size.
@@ -148,6 +189,8 @@ struct TcpBootstrapOptions {
     if (!env.master_addr.empty()) o.master_addr = env.master_addr;
     if (env.master_port > 0) o.master_port = env.master_port;
     o.timeout = timeout;
+    o.token = detail::env_text("FIAR_BOOTSTRAP_TOKEN");
+    o.listen_all = detail::env_int("FIAR_LISTEN_ALL", 0, 1).value_or(0) == 1;
     return o;
   }
 };
@@ -156,7 +199,7 @@ namespace detail {
 
 /// One frame of the TCP bootstrap's protocol: this header, then `bytes` of payload.
 struct TcpFrame {
-  enum Kind : std::uint32_t { kHello = 1, kWelcome, kBlock, kResult, kFailure };
+  enum Kind : std::uint32_t { kHello = 1, kWelcome, kBlock, kResult, kFailure, kChallenge };
   std::uint32_t magic = 0;  ///< kTcpMagic ("fiaT"), set by tcp_send_frame
   std::uint32_t kind = 0;
   std::uint64_t sequence = 0;  ///< the collective's number (the hello's: 0)
@@ -165,7 +208,11 @@ struct TcpFrame {
   std::int32_t world = 0;  ///< hello: the world size it was given; failure: 1 for std::invalid_argument
 };
 inline constexpr std::uint32_t kTcpMagic = 0x66696154u;
-inline constexpr std::uint64_t kTcpMaxPayload = std::uint64_t{1} << 30;
+inline constexpr std::size_t kTcpNonceBytes = 16;  ///< rank 0's challenge to each connection
+inline constexpr std::size_t kTcpProofBytes = 32;  ///< the hello's HMAC-SHA-256 of the challenge under the token
+inline constexpr std::size_t kTcpMaxText = 16384;  ///< a failure frame's message
+inline constexpr std::size_t kTcpMaxPending = 64;  ///< connections rank 0 holds before they prove themselves
+inline constexpr std::chrono::milliseconds kTcpHelloWait{2000};  ///< how long a new connection has for its hello
 
 /// A peer's connection ended or a wait passed its deadline, on one socket.
 struct TcpLost {
@@ -227,15 +274,99 @@ inline void tcp_send_frame(int fd, TcpFrame f, std::span<const std::byte> payloa
   if (!payload.empty()) tcp_send_all(fd, payload.data(), payload.size(), deadline);
 }
 
-inline TcpFrame tcp_recv_frame(int fd, std::vector<std::byte>& payload, Deadline deadline) {
+/// A frame's header; its payload is still to be read (tcp_recv_payload), once its size is known to be expected.
+inline TcpFrame tcp_recv_header(int fd, Deadline deadline) {
   TcpFrame f;
   tcp_recv_all(fd, &f, sizeof(f), deadline);
-  if (f.magic != kTcpMagic || f.bytes > kTcpMaxPayload) {
+  if (f.magic != kTcpMagic)
     throw TcpLost{false, "a message that is not fiar's arrived (another program uses this port?)"};
+  return f;
+}
+
+/// The payload of a frame whose header said `f.bytes`, at most `max_bytes` (checked before a byte is allocated).
+inline void tcp_recv_payload(int fd, const TcpFrame& f, std::vector<std::byte>& payload, std::size_t max_bytes,
+                             Deadline deadline) {
+  if (f.bytes > max_bytes) {
+    throw TcpLost{false, "a frame of " + std::to_string(f.bytes) + " bytes arrived where at most " +
+                             std::to_string(max_bytes) + " were expected"};
   }
   payload.resize(static_cast<std::size_t>(f.bytes));
   if (!payload.empty()) tcp_recv_all(fd, payload.data(), payload.size(), deadline);
+}
+
+inline TcpFrame tcp_recv_frame(int fd, std::vector<std::byte>& payload, std::size_t max_bytes, Deadline deadline) {
+  const TcpFrame f = tcp_recv_header(fd, deadline);
+  tcp_recv_payload(fd, f, payload, max_bytes, deadline);
   return f;
+}
+
+/// The proof a hello carries: HMAC-SHA-256 under the job's token of rank 0's challenge, the rank and the world size.
+inline Digest256 tcp_proof(const std::string& token, std::span<const std::byte> nonce, std::int32_t rank,
+                           std::int32_t world) {
+  std::byte message[kTcpNonceBytes + 8] = {};
+  std::memcpy(message, nonce.data(), std::min(nonce.size(), kTcpNonceBytes));
+  std::memcpy(message + kTcpNonceBytes, &rank, 4);
+  std::memcpy(message + kTcpNonceBytes + 4, &world, 4);
+  return hmac_sha256(std::as_bytes(std::span(token.data(), token.size())), message);
+}
+
+/// Resolves host:port (a numeric address needs no lookup); a name lookup is bounded by the deadline (it runs on a
+/// thread of its own, left to finish alone when the deadline passes). Throws std::invalid_argument when the name
+/// does not resolve, fiar::timeout_error when the lookup outlasts the deadline.
+inline std::vector<std::pair<sockaddr_storage, socklen_t>> tcp_resolve(const std::string& host, int port,
+                                                                       Deadline deadline) {
+  struct Lookup {
+    std::mutex m;
+    std::condition_variable done;
+    bool finished = false;
+    int rc = 0;
+    std::vector<std::pair<sockaddr_storage, socklen_t>> found;
+  };
+  auto lookup = std::make_shared<Lookup>();
+  std::thread([lookup, host, port] {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+    std::vector<std::pair<sockaddr_storage, socklen_t>> addresses;
+    for (addrinfo* a = rc == 0 ? found : nullptr; a != nullptr; a = a->ai_next) {
+      sockaddr_storage s{};
+      std::memcpy(&s, a->ai_addr, a->ai_addrlen);
+      addresses.emplace_back(s, a->ai_addrlen);
+    }
+    if (found != nullptr) ::freeaddrinfo(found);
+    const std::lock_guard lock(lookup->m);
+    lookup->rc = rc;
+    lookup->found = std::move(addresses);
+    lookup->finished = true;
+    lookup->done.notify_all();
+  }).detach();
+  std::unique_lock lock(lookup->m);
+  if (!lookup->done.wait_until(lock, deadline, [&] { return lookup->finished; })) {
+    throw timeout_error("fiar: TcpBootstrap master_addr " + quoted(host) +
+                        " did not resolve within the timeout (the name service does not answer). Fix: set "
+                        "FIAR_MASTER_ADDR to rank 0's address, or repair the host's name service.");
+  }
+  if (lookup->rc != 0 || lookup->found.empty()) {
+    throw std::invalid_argument("fiar: TcpBootstrap master_addr " + quoted(host) +
+                                " does not resolve: " + ::gai_strerror(lookup->rc) +
+                                ". Fix: set FIAR_MASTER_ADDR to rank 0's host name or address.");
+  }
+  return std::move(lookup->found);
+}
+
+/// Whether an address is a loopback one (127.0.0.0/8, ::1, or IPv4-mapped loopback).
+inline bool tcp_is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
 }
 
 inline void tcp_configure(int fd) {
@@ -341,58 +472,155 @@ class TcpBootstrap {
 
   // ---- rendezvous ----
 
+  // A connection that has not proven itself yet: rank 0's challenge sent, its hello being read.
+  struct Pending {
+    detail::UniqueFd fd;
+    Clock::time_point deadline;
+    std::array<std::byte, detail::kTcpNonceBytes> nonce{};
+    std::array<std::byte, sizeof(detail::TcpFrame) + detail::kTcpProofBytes> hello{};
+    std::size_t got = 0;
+  };
+
+  // Rank 0: accepts connections until every rank has joined. Each new connection gets a challenge and has
+  // kTcpHelloWait for its hello (header and proof: a fixed size, read into a fixed buffer). What does not prove
+  // itself (a wrong token, a malformed or oversized frame, silence) is dropped and logged at debug level; it never
+  // fails the group and never delays the others: every pending connection is polled with the listeners.
   void accept_peers() {
     const auto deadline = Clock::now() + options_.timeout;
-    listener_ = listen_on(options_.master_port);
+    listeners_ = listen();
     peers_.resize(static_cast<std::size_t>(size()));
+    std::vector<Pending> pending;
+    std::vector<pollfd> fds;
     int joined = 0;
-    std::vector<std::byte> payload;
     while (joined < size() - 1) {
-      if (!detail::tcp_wait(listener_.get(), POLLIN, deadline)) {
+      fds.clear();
+      for (const auto& l : listeners_) fds.push_back(pollfd{l.get(), POLLIN, 0});
+      Clock::time_point wake = deadline;
+      for (const auto& c : pending) {
+        fds.push_back(pollfd{c.fd.get(), POLLIN, 0});
+        wake = std::min(wake, c.deadline);
+      }
+      if (::poll(fds.data(), fds.size(), detail::remaining_ms(wake)) < 0 && errno != EINTR) {
+        fail_group(std::string("fiar: TcpBootstrap rendezvous on rank 0 failed: poll: ") + std::strerror(errno));
+      }
+      const auto now = Clock::now();
+      const std::size_t polled = pending.size();  // admit() appends connections polled from the next round on
+      for (std::size_t i = 0; i < listeners_.size(); ++i) {
+        if (fds[i].revents != 0) admit(listeners_[i].get(), pending, now);
+      }
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < pending.size(); ++i) {
+        int verdict = 0;
+        if (i < polled && fds[listeners_.size() + i].revents != 0) {
+          verdict = read_hello(pending[i]);
+        } else if (pending[i].deadline <= now) {
+          drop("it sent no hello within the hello's wait");
+          verdict = -1;
+        }
+        if (verdict > 0) ++joined;
+        if (verdict != 0) continue;
+        if (kept != i) pending[kept] = std::move(pending[i]);
+        ++kept;
+      }
+      pending.resize(kept);
+      if (joined < size() - 1 && Clock::now() >= deadline) {
         fail_group("fiar: TcpBootstrap rendezvous timed out after " + std::to_string(options_.timeout.count()) +
                    " ms on rank 0 (listening on port " + std::to_string(options_.master_port) +
                    "): " + std::to_string(joined + 1) + " of " + std::to_string(size()) +
-                   " ranks arrived; missing rank(s): " + missing_peers() +
+                   " ranks arrived; missing rank(s): " + missing_peers() + dropped_text() +
                    ". Fix: start every rank with the same FIAR_WORLD_SIZE and FIAR_MASTER_ADDR:FIAR_MASTER_PORT "
                    "(this rank's host and port), or raise the timeout.");
       }
-      detail::UniqueFd c(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (!c.valid()) continue;
-      detail::tcp_configure(c.get());
-      detail::TcpFrame hello;
-      try {
-        // A connection that is not a fiar rank (a port scanner) gets a short wait, then is dropped.
-        hello = detail::tcp_recv_frame(c.get(), payload,
-                                       std::min(deadline, Clock::now() + std::chrono::milliseconds(5000)));
-      } catch (const detail::TcpLost&) {
-        continue;
-      }
-      if (hello.kind != detail::TcpFrame::kHello) continue;
-      std::string problem;
-      if (hello.world != size()) {
-        problem = "rank " + std::to_string(hello.rank) + " was started with world size " + std::to_string(hello.world) +
-                  ", rank 0 with " + std::to_string(size());
-      } else if (hello.rank <= 0 || hello.rank >= size()) {
-        problem = "a process claims rank " + std::to_string(hello.rank) + "; allowed: 1 to " +
-                  std::to_string(size() - 1) + " (rank 0 is the one listening)";
-      } else if (peers_[static_cast<std::size_t>(hello.rank)].valid()) {
-        problem = "two processes claim rank " + std::to_string(hello.rank);
-      }
-      if (!problem.empty()) {
-        const std::string text = "fiar: TcpBootstrap rendezvous on port " + std::to_string(options_.master_port) +
-                                 ": " + problem + ". Fix: give every process the same world size and its own rank.";
-        send_failure(c.get(), text, true);
-        fail_group(text, true);
-      }
-      peers_[static_cast<std::size_t>(hello.rank)] = std::move(c);
-      ++joined;
     }
-    listener_ = detail::UniqueFd();  // nobody else may join
+    listeners_.clear();  // nobody else may join
     detail::TcpFrame welcome;
     welcome.kind = detail::TcpFrame::kWelcome;
     welcome.rank = 0;
     welcome.world = size();
     for (int r = 1; r < size(); ++r) send_or_fail(r, welcome, {}, deadline);
+  }
+
+  // Accepts one connection and sends it a challenge (over the bound of pending connections: closed at once).
+  void admit(int listener, std::vector<Pending>& pending, Clock::time_point now) {
+    detail::UniqueFd c(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c.valid()) return;
+    if (pending.size() >= detail::kTcpMaxPending) return drop("too many connections are waiting to prove themselves");
+    detail::tcp_configure(c.get());
+    Pending p;
+    p.deadline = std::min(now + detail::kTcpHelloWait, now + options_.timeout);
+    detail::random_bytes(p.nonce);
+    detail::TcpFrame challenge;
+    challenge.kind = detail::TcpFrame::kChallenge;
+    challenge.rank = 0;
+    challenge.world = size();
+    try {
+      detail::tcp_send_frame(c.get(), challenge, p.nonce, now + std::chrono::milliseconds(100));
+    } catch (const detail::TcpLost&) {
+      return drop("it did not take rank 0's challenge");
+    }
+    p.fd = std::move(c);
+    pending.push_back(std::move(p));
+  }
+
+  // Reads what a pending connection sent: 0 while its hello is incomplete, 1 when it joined, -1 when it was dropped.
+  // A proven hello (or any well-formed one when there is no token) that contradicts the group fails the group.
+  int read_hello(Pending& c) {
+    const ssize_t got = ::recv(c.fd.get(), c.hello.data() + c.got, c.hello.size() - c.got, MSG_DONTWAIT);
+    if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      drop("it closed before its hello");
+      return -1;
+    }
+    if (got < 0) return 0;
+    c.got += static_cast<std::size_t>(got);
+    detail::TcpFrame hello;
+    if (c.got >= sizeof(hello)) {
+      std::memcpy(&hello, c.hello.data(), sizeof(hello));
+      if (hello.magic != detail::kTcpMagic || hello.kind != detail::TcpFrame::kHello ||
+          hello.bytes != detail::kTcpProofBytes) {
+        drop("its first frame is not a hello of fiar's protocol");
+        return -1;
+      }
+    }
+    if (c.got < c.hello.size()) return 0;
+    const std::span<const std::byte> proof(c.hello.data() + sizeof(hello), detail::kTcpProofBytes);
+    if (!options_.token.empty() &&
+        !detail::equal_in_constant_time(proof, detail::tcp_proof(options_.token, c.nonce, hello.rank, hello.world))) {
+      drop("its proof does not match this job's token (FIAR_BOOTSTRAP_TOKEN)");
+      return -1;
+    }
+    std::string problem;
+    if (hello.world != size()) {
+      problem = "rank " + std::to_string(hello.rank) + " was started with world size " + std::to_string(hello.world) +
+                ", rank 0 with " + std::to_string(size());
+    } else if (hello.rank <= 0 || hello.rank >= size()) {
+      problem = "a process claims rank " + std::to_string(hello.rank) + "; allowed: 1 to " +
+                std::to_string(size() - 1) + " (rank 0 is the one listening)";
+    } else if (peers_[static_cast<std::size_t>(hello.rank)].valid()) {
+      problem = "two processes claim rank " + std::to_string(hello.rank);
+    }
+    if (!problem.empty()) {
+      const std::string text = "fiar: TcpBootstrap rendezvous on port " + std::to_string(options_.master_port) + ": " +
+                               problem + ". Fix: give every process the same world size and its own rank.";
+      send_failure(c.fd.get(), text, true);
+      fail_group(text, true);
+    }
+    peers_[static_cast<std::size_t>(hello.rank)] = std::move(c.fd);
+    return 1;
+  }
+
+  // A connection that did not prove itself: closed by the caller, counted for the timeout message, logged at debug.
+  void drop(const char* why) {
+    ++dropped_;
+    last_dropped_ = why;
+    if (log_enabled(LogLevel::Debug)) {
+      log(LogLevel::Debug,
+          "TcpBootstrap rank 0 dropped a connection on port " + std::to_string(options_.master_port) + ": " + why);
+    }
+  }
+  [[nodiscard]] std::string dropped_text() const {
+    if (dropped_ == 0) return "";
+    return " (" + std::to_string(dropped_) +
+           " connection(s) that did not prove themselves were dropped; the last: " + last_dropped_ + ")";
   }
 
   [[nodiscard]] std::string missing_peers() const {
@@ -405,66 +633,72 @@ class TcpBootstrap {
     return detail::rank_list(missing);
   }
 
-  detail::UniqueFd listen_on(int port) {
-    // Dual-stack where IPv6 exists, so that FIAR_MASTER_ADDR may name rank 0 by either family.
-    for (int family : {AF_INET6, AF_INET}) {
-      detail::UniqueFd s(::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  // Rank 0's listening sockets: on the addresses master_addr resolves to (loopback stays loopback), or with
+  // listen_all on every interface (dual-stack where IPv6 exists). Warns once when the rendezvous is reachable beyond
+  // loopback without a token.
+  std::vector<detail::UniqueFd> listen() {
+    const int port = options_.master_port;
+    std::vector<std::pair<sockaddr_storage, socklen_t>> addresses;
+    if (options_.listen_all) {
+      sockaddr_storage any{};
+      auto& a6 = reinterpret_cast<sockaddr_in6&>(any);
+      a6.sin6_family = AF_INET6;
+      a6.sin6_addr = in6addr_any;
+      a6.sin6_port = htons(static_cast<std::uint16_t>(port));
+      addresses.emplace_back(any, static_cast<socklen_t>(sizeof(sockaddr_in6)));
+      sockaddr_storage any4{};
+      auto& a4 = reinterpret_cast<sockaddr_in&>(any4);
+      a4.sin_family = AF_INET;
+      a4.sin_addr.s_addr = htonl(INADDR_ANY);
+      a4.sin_port = htons(static_cast<std::uint16_t>(port));
+      addresses.emplace_back(any4, static_cast<socklen_t>(sizeof(sockaddr_in)));
+    } else {
+      addresses = detail::tcp_resolve(options_.master_addr, port, Clock::now() + options_.timeout);
+    }
+    std::vector<detail::UniqueFd> listening;
+    bool beyond_loopback = options_.listen_all;
+    int last_error = EADDRNOTAVAIL;
+    for (const auto& [address, length] : addresses) {
+      detail::UniqueFd s(::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
       if (!s.valid()) continue;
       const int one = 1, zero = 0;
       (void)::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      int rc = -1;
-      if (family == AF_INET6) {
-        (void)::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-        sockaddr_in6 a{};
-        a.sin6_family = AF_INET6;
-        a.sin6_addr = in6addr_any;
-        a.sin6_port = htons(static_cast<std::uint16_t>(port));
-        rc = ::bind(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof(a));
-      } else {
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_ANY);
-        a.sin_port = htons(static_cast<std::uint16_t>(port));
-        rc = ::bind(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof(a));
-      }
-      if (rc != 0) {
-        const int error = errno;
-        if (error == EAFNOSUPPORT || error == EADDRNOTAVAIL) continue;
+      if (address.ss_family == AF_INET6) (void)::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      if (::bind(s.get(), reinterpret_cast<const sockaddr*>(&address), length) != 0) {
+        last_error = errno;
+        if (last_error == EAFNOSUPPORT || last_error == EADDRNOTAVAIL || last_error == EINVAL ||
+            (options_.listen_all && last_error == EADDRINUSE && !listening.empty())) {
+          continue;  // a family this host lacks, or the dual-stack socket already covers IPv4
+        }
         throw std::runtime_error("fiar: TcpBootstrap rank 0 cannot listen on port " + std::to_string(port) + ": " +
-                                 std::strerror(error) +
-                                 (error == EADDRINUSE ? ". Fix: another program (or an earlier group still "
-                                                        "running) uses it; set FIAR_MASTER_PORT to a free port."
-                                                      : "."));
+                                 std::strerror(last_error) +
+                                 (last_error == EADDRINUSE ? ". Fix: another program (or an earlier group still "
+                                                             "running) uses it; set FIAR_MASTER_PORT to a free port."
+                                                           : "."));
       }
       if (::listen(s.get(), std::min(size(), 1024)) != 0) {
         throw std::runtime_error("fiar: TcpBootstrap listen on port " + std::to_string(port) +
                                  " failed: " + std::strerror(errno));
       }
-      return s;
+      beyond_loopback = beyond_loopback || !detail::tcp_is_loopback(address);
+      listening.push_back(std::move(s));
     }
-    throw std::runtime_error("fiar: TcpBootstrap rank 0 found no IPv6 or IPv4 socket to listen on port " +
-                             std::to_string(port) + ".");
+    if (listening.empty()) {
+      throw std::runtime_error("fiar: TcpBootstrap rank 0 found no address of " + detail::quoted(options_.master_addr) +
+                               " to listen on port " + std::to_string(port) + " (" + std::strerror(last_error) +
+                               "). Fix: set FIAR_MASTER_ADDR to an address of rank 0's host, or FIAR_LISTEN_ALL=1.");
+    }
+    if (beyond_loopback && options_.token.empty()) {
+      log(LogLevel::Warning, "TcpBootstrap rank 0 listens on port " + std::to_string(port) +
+                                 " beyond loopback without a token: any host that reaches the port can join the "
+                                 "group. Fix: set FIAR_BOOTSTRAP_TOKEN to one secret on every rank of the job.");
+    }
+    return listening;
   }
 
   void connect_to_root() {
     const auto deadline = Clock::now() + options_.timeout;
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    const std::string port = std::to_string(options_.master_port);
-    if (const int rc = ::getaddrinfo(options_.master_addr.c_str(), port.c_str(), &hints, &found); rc != 0) {
-      throw std::invalid_argument("fiar: TcpBootstrap master_addr " + detail::quoted(options_.master_addr) +
-                                  " does not resolve: " + ::gai_strerror(rc) +
-                                  ". Fix: set FIAR_MASTER_ADDR to rank 0's host name or address.");
-    }
-    std::vector<std::pair<sockaddr_storage, socklen_t>> addresses;
-    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-      sockaddr_storage s{};
-      std::memcpy(&s, a->ai_addr, a->ai_addrlen);
-      addresses.emplace_back(s, a->ai_addrlen);
-    }
-    ::freeaddrinfo(found);
+    const auto addresses = detail::tcp_resolve(options_.master_addr, options_.master_port, deadline);
     std::string last = "not reachable";
     for (;;) {
       for (const auto& [address, length] : addresses) {
@@ -498,15 +732,23 @@ class TcpBootstrap {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    detail::TcpFrame hello;
-    hello.kind = detail::TcpFrame::kHello;
-    hello.rank = rank();
-    hello.world = size();
     std::vector<std::byte> payload;
     try {
-      detail::tcp_send_frame(root_.get(), hello, {}, deadline);
+      // Rank 0's challenge comes at once; the hello answers it with the proof of the token.
+      const detail::TcpFrame challenge =
+          detail::tcp_recv_frame(root_.get(), payload, detail::kTcpNonceBytes, deadline + grace());
+      if (challenge.kind != detail::TcpFrame::kChallenge || payload.size() != detail::kTcpNonceBytes) {
+        fail("fiar: TcpBootstrap rank " + std::to_string(rank()) + ": rank 0 at " + where() +
+             " answered the hello with something else. Fix: make sure every rank runs the same fiar version.");
+      }
+      detail::TcpFrame hello;
+      hello.kind = detail::TcpFrame::kHello;
+      hello.rank = rank();
+      hello.world = size();
+      const detail::Digest256 proof = detail::tcp_proof(options_.token, payload, hello.rank, hello.world);
+      detail::tcp_send_frame(root_.get(), hello, proof, deadline);
       // Rank 0 answers once the last rank has arrived: wait a little past its own deadline for its verdict.
-      const detail::TcpFrame f = detail::tcp_recv_frame(root_.get(), payload, deadline + grace());
+      const detail::TcpFrame f = detail::tcp_recv_frame(root_.get(), payload, detail::kTcpMaxText, deadline + grace());
       if (f.kind == detail::TcpFrame::kFailure) fail(text_of(payload), f.world == 1);
       if (f.kind != detail::TcpFrame::kWelcome) {
         fail("fiar: TcpBootstrap rank " + std::to_string(rank()) + ": rank 0 at " + where() +
@@ -573,11 +815,18 @@ class TcpBootstrap {
         if (p.revents == 0) continue;
         const auto r = static_cast<std::size_t>(rank_of[i]);
         try {
-          const detail::TcpFrame f = detail::tcp_recv_frame(p.fd, blocks[r], deadline);
+          const detail::TcpFrame f = detail::tcp_recv_header(p.fd, deadline);
           if (f.kind != detail::TcpFrame::kBlock || f.sequence != sequence_) {
             throw detail::TcpLost{false, "it sent collective " + std::to_string(f.sequence) + " while rank 0 is at " +
                                              std::to_string(sequence_)};
           }
+          if (f.bytes != in.size()) {  // said before its bytes are read
+            fail_group("fiar: all_gather block sizes differ: rank 0 gave " + std::to_string(in.size()) +
+                           " bytes, rank " + std::to_string(r) + " gave " + std::to_string(f.bytes) +
+                           " bytes. Fix: every rank must pass the same number of bytes to each collective.",
+                       true);
+          }
+          detail::tcp_recv_payload(p.fd, f, blocks[r], in.size(), deadline);
         } catch (const detail::TcpLost& lost) {
           peers_[r] = detail::UniqueFd();
           fail_group("fiar: TcpBootstrap collective " + std::to_string(sequence_) + ": rank " + std::to_string(r) +
@@ -586,14 +835,6 @@ class TcpBootstrap {
         }
         arrived[r] = true;
         --waiting;
-      }
-    }
-    for (std::size_t r = 1; r < n; ++r) {
-      if (blocks[r].size() != in.size()) {
-        fail_group("fiar: all_gather block sizes differ: rank 0 gave " + std::to_string(in.size()) + " bytes, rank " +
-                       std::to_string(r) + " gave " + std::to_string(blocks[r].size()) +
-                       " bytes. Fix: every rank must pass the same number of bytes to each collective.",
-                   true);
       }
     }
     std::vector<std::byte> all;
@@ -617,7 +858,8 @@ class TcpBootstrap {
       f.rank = rank();
       detail::tcp_send_frame(root_.get(), f, in, deadline);
       // Rank 0 decides on timeouts: its verdict (naming the missing ranks) may come a little after ours.
-      const detail::TcpFrame r = detail::tcp_recv_frame(root_.get(), payload, deadline + grace());
+      const detail::TcpFrame r =
+          detail::tcp_recv_frame(root_.get(), payload, std::max(out.size(), detail::kTcpMaxText), deadline + grace());
       if (r.kind == detail::TcpFrame::kFailure) {
         root_ = detail::UniqueFd();
         fail(text_of(payload), r.world == 1);
@@ -630,8 +872,8 @@ class TcpBootstrap {
     } catch (const detail::TcpLost& lost) {
       // Rank 0 may have said why before it closed (its verdict waits in the socket even when sending failed).
       try {
-        const detail::TcpFrame r =
-            detail::tcp_recv_frame(root_.get(), payload, Clock::now() + std::chrono::milliseconds(100));
+        const detail::TcpFrame r = detail::tcp_recv_frame(root_.get(), payload, detail::kTcpMaxText,
+                                                          Clock::now() + std::chrono::milliseconds(100));
         if (r.kind == detail::TcpFrame::kFailure) {
           root_ = detail::UniqueFd();
           fail(text_of(payload), r.world == 1);
@@ -649,11 +891,13 @@ class TcpBootstrap {
   }
 
   TcpBootstrapOptions options_;
-  detail::UniqueFd listener_;            // rank 0, during the rendezvous
-  std::vector<detail::UniqueFd> peers_;  // rank 0: the connection of each rank (index 0 unused)
-  detail::UniqueFd root_;                // other ranks: the connection to rank 0
-  std::uint64_t sequence_ = 0;           // collectives this rank has entered
-  std::string broken_;                   // why the group is unusable ("" while it works)
+  std::vector<detail::UniqueFd> listeners_;  // rank 0, during the rendezvous
+  int dropped_ = 0;                          // rank 0: connections that did not prove themselves
+  const char* last_dropped_ = "";            // why the last one was dropped
+  std::vector<detail::UniqueFd> peers_;      // rank 0: the connection of each rank (index 0 unused)
+  detail::UniqueFd root_;                    // other ranks: the connection to rank 0
+  std::uint64_t sequence_ = 0;               // collectives this rank has entered
+  std::string broken_;                       // why the group is unusable ("" while it works)
 };
 
 static_assert(Bootstrap<TcpBootstrap>);

@@ -203,8 +203,7 @@ class HostPlatform {
     Name mine;
     const auto created = detail::attempt([&] {
       detail::remove_stale_segments();
-      own_name = "/" + std::string(detail::kHostSegmentPrefix) + std::to_string(::getpid()) + "-" +
-                 std::to_string(detail::random_id());
+      own_name = detail::host_segment_name(detail::random_id());
       own = detail::create_segment(own_name, rounded);
       std::memcpy(mine.text.data(), own_name.data(), std::min(own_name.size(), mine.text.size() - 1));
     });
@@ -221,7 +220,17 @@ class HostPlatform {
     std::vector<std::shared_ptr<std::uint32_t>> maps(names.size());
     const auto mapped = detail::attempt([&] {
       for (std::size_t r = 0; r < names.size(); ++r) {
-        maps[r] = static_cast<int>(r) == boot.rank() ? own : detail::open_segment(names[r].text.data(), rounded);
+        if (static_cast<int>(r) == boot.rank()) {
+          maps[r] = own;
+          continue;
+        }
+        // A peer's name is opened only when it is one the emulator makes (terminated, fiar's prefix).
+        if (!detail::is_host_segment_name(names[r].text.data(), names[r].text.size())) {
+          throw std::runtime_error("fiar: rank " + std::to_string(r) +
+                                   " sent a shared-memory segment name the host emulator does not make. Fix: run "
+                                   "every rank with the same fiar version.");
+        }
+        maps[r] = detail::open_segment(names[r].text.data(), rounded);
       }
     });
     try {

@@ -58,6 +58,8 @@ class HostCollective {
   }
 
   void begin_call(cudaStream_t) const { check(); }
+  /// Throws the failure a call recorded, if any (no other work: the Lamport path's check before every launch).
+  void check_recorded() const { check(); }
   void end_call(cudaStream_t) const {}
 
   /// Sums `count` elements of `in` over the ranks into `out` (null: the collective's own buffer); returns where the

@@ -139,6 +139,12 @@ class NcclCollective {
   /// NCCL's waiting kernels). After either, every later call throws the same: recreate the workspace on every rank.
   /// Calls made while the stream is being captured into a CUDA graph are not timed.
   void check() const { check_state(true); }
+  /// Throws the failure a call recorded, if any, without asking NCCL or the device (the Lamport path's check before
+  /// every launch, so that a workspace whose route failed launches nothing).
+  void check_recorded() const {
+    if (!scratch_) throw std::logic_error(moved_from_text("workspace"));
+    if (failure_.failed()) raise(failure_, failure_.message());
+  }
 
   /// Test hook: calls numbered from `call` on (names in errors only here).
   void set_call_counter(std::uint32_t call) { calls_ = call; }

@@ -31,6 +31,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -335,16 +336,39 @@ inline std::shared_ptr<std::uint32_t> open_segment(const std::string& name, std:
   return map_segment(fd.get(), bytes, name);
 }
 
+/// The name of a segment this process creates: "/fiar-host-<boot>-<pid namespace>-<pid>-<random>", with the
+/// kernel's boot id (hashed) and the pid namespace, so that a sweep in another container (another pid namespace
+/// over one /dev/shm) can tell the segment is not its own.
+inline std::string host_segment_name(std::uint64_t random) {
+  const ProcessIdentity me = this_process();
+  return "/" + std::string(kHostSegmentPrefix) + std::to_string(me.boot % 1000000007u) + "-" +
+         std::to_string(me.pid_namespace) + "-" + std::to_string(me.pid) + "-" + std::to_string(random);
+}
+
+/// Whether `name` (received from a peer, in a buffer of `capacity` bytes) is a segment name the host emulator makes:
+/// terminated within the buffer, fiar's prefix, digits and dashes after it.
+inline bool is_host_segment_name(const char* name, std::size_t capacity) {
+  const std::size_t n = ::strnlen(name, capacity);
+  const std::string_view prefix = kHostSegmentPrefix;
+  const std::string_view text(name, n);
+  if (n == capacity || n < prefix.size() + 2 || text[0] != '/' || text.substr(1, prefix.size()) != prefix) return false;
+  return text.substr(1 + prefix.size()).find_first_not_of("0123456789-") == std::string_view::npos;
+}
+
 /// Removes the host emulator's segments of this user that a process now gone left behind (it was killed between
-/// creating a segment and the group's agreement, the only window in which a name exists).
+/// creating a segment and the group's agreement, the only window in which a name exists): only segments created
+/// under this kernel boot and in this pid namespace, whose creator no longer exists. Another namespace's segments
+/// (another container sharing /dev/shm) are never touched: its pids mean nothing here.
 inline void remove_stale_segments() {
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return;
-  const std::string prefix = kHostSegmentPrefix;
+  const ProcessIdentity me = this_process();
+  const std::string mine = std::string(kHostSegmentPrefix) + std::to_string(me.boot % 1000000007u) + "-" +
+                           std::to_string(me.pid_namespace) + "-";
   while (const dirent* e = ::readdir(dir)) {
     const std::string entry = e->d_name;
-    if (entry.rfind(prefix, 0) != 0) continue;
-    const long pid = std::strtol(entry.c_str() + prefix.size(), nullptr, 10);
+    if (entry.rfind(mine, 0) != 0) continue;
+    const long pid = std::strtol(entry.c_str() + mine.size(), nullptr, 10);
     struct stat st {};
     if (pid <= 0 || ::stat(("/dev/shm/" + entry).c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
     if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) (void)::shm_unlink(("/" + entry).c_str());
