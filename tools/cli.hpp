@@ -67,6 +67,13 @@ inline void print_error(std::string_view tool, std::string_view message) {
   }
 }
 
+/// The exit status of a run that ended with `e`, printed as print_error does: kExitRejected for a configuration fiar
+/// rejects (std::invalid_argument), kExitFailed for any other failure.
+inline int exit_status_of(std::string_view tool, const std::exception& e) {
+  print_error(tool, e.what());
+  return dynamic_cast<const std::invalid_argument*>(&e) != nullptr ? kExitRejected : kExitFailed;
+}
+
 /// One tool's command line. Every option takes one value, as `--flag value` or `--flag=value` (given twice, the
 /// last one counts); its converter receives the flag's name and the text, stores the value and throws UsageError
 /// (or fiar's std::invalid_argument) when the text is not allowed. The converters run once CLI11 has read the whole

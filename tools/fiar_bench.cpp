@@ -750,11 +750,7 @@ int main(int argc, char** argv) {
     return run<__nv_bfloat16>(o, platform, world, gpus);
   } catch (const UsageError& e) {
     return cli.usage_error(e.what());
-  } catch (const std::invalid_argument& e) {
-    fiar_cli::print_error("fiar-bench", e.what());
-    return kExitRejected;
   } catch (const std::exception& e) {
-    fiar_cli::print_error("fiar-bench", e.what());
-    return kExitFailed;
+    return fiar_cli::exit_status_of("fiar-bench", e);
   }
 }

@@ -323,11 +323,7 @@ int main(int argc, char** argv) {
     if (o.dtype == "float") return run<float>(o, platform, world, gpus, requested);
     if (o.dtype == "half") return run<__half>(o, platform, world, gpus, requested);
     return run<__nv_bfloat16>(o, platform, world, gpus, requested);
-  } catch (const std::invalid_argument& e) {
-    fiar_cli::print_error("fiar-demo", e.what());
-    return kExitRejected;
   } catch (const std::exception& e) {
-    fiar_cli::print_error("fiar-demo", e.what());
-    return kExitFailed;
+    return fiar_cli::exit_status_of("fiar-demo", e);
   }
 }

@@ -73,6 +73,14 @@ FIAR_HD inline T from_float(float x) {
 template <ReduceType T>
 inline constexpr int kElemsPerVec = 16 / static_cast<int>(sizeof(T));
 
+namespace detail {
+/// Vec16s per token of hidden_dim elements of T (hidden_dim a multiple of kElemsPerVec<T>, as creation checks).
+template <ReduceType T>
+constexpr int vecs_per_token(int hidden_dim) {
+  return hidden_dim / kElemsPerVec<T>;
+}
+}  // namespace detail
+
 /// The elements of a Vec16, converted to fp32.
 template <ReduceType T>
 struct FloatPack {

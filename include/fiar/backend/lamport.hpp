@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../algo/convert.hpp"
 #include "../algo/epilogue.hpp"
 #include "../algo/lamport.hpp"
 #include "../algo/multimem.hpp"
@@ -38,12 +39,6 @@
 FIAR_BEGIN_NAMESPACE
 namespace detail {
 
-/// 16-byte vectors per token of T.
-template <ReduceType T>
-constexpr int vecs_per_token(int hidden_dim) {
-  return static_cast<int>(static_cast<std::size_t>(hidden_dim) * sizeof(T) / 16);
-}
-
 /// Data words of one call of `tokens` tokens with strategy s (OneShot, TwoShot or Multimem) in a Lamport buffer.
 constexpr std::size_t lamport_call_words(Strategy s, int world_size, int tokens, int vecs) {
   if (s == Strategy::Multimem) return algo::multimem_words(tokens, vecs);
@@ -61,7 +56,7 @@ class LamportEngine {
   /// taking one-shot up to oneshot_max_bytes per rank.
   static std::size_t buffer_words(int world_size, const WorkspaceConfig& cfg, std::size_t oneshot_max_bytes,
                                   int max_tokens) {
-    const int vecs = vecs_per_token<T>(cfg.hidden_dim);
+    const int vecs = algo::detail::vecs_per_token<T>(cfg.hidden_dim);
     const std::size_t row_bytes = static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T);
     // Auto runs one-shot up to the threshold and whenever tokens < world size (choose_strategy).
     const std::size_t auto_oneshot_tokens = std::max<std::size_t>(oneshot_max_bytes / row_bytes, world_size - 1);
@@ -92,7 +87,7 @@ class LamportEngine {
     } else {
       buffers = platform.allocate_shared(boot, region_words * sizeof(std::uint32_t));
     }
-    params_.vecs_per_token = vecs_per_token<T>(cfg.hidden_dim);
+    params_.vecs_per_token = algo::detail::vecs_per_token<T>(cfg.hidden_dim);
     params_.world_size = topo.world_size;
     params_.rank = topo.rank;
     for (int r = 0; r < topo.world_size; ++r) params_.buffers[r] = buffers[static_cast<std::size_t>(r)];

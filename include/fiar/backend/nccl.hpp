@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../algo/convert.hpp"
 #include "../algo/epilogue.hpp"
 #include "../algo/epilogue_pass.hpp"
 #include "../comm/bootstrap.hpp"
@@ -66,7 +67,7 @@ class NcclEngine {
   NcclEngine(Pf& platform, B& boot, const Topology& topo, const WorkspaceConfig& cfg, std::size_t symmetric_max_bytes,
              Adopt&&... adopt)
       : coll_(platform, boot, topo, cfg, max_bytes(cfg), symmetric_max_bytes, std::forward<Adopt>(adopt)...),
-        vecs_per_token_(static_cast<int>(static_cast<std::size_t>(cfg.hidden_dim) * sizeof(T) / 16)) {}
+        vecs_per_token_(algo::detail::vecs_per_token<T>(cfg.hidden_dim)) {}
 
   /// Before a call's checks: the collective's recorded failures (CUDA: and whether the stream is being captured).
   void begin_call(cudaStream_t stream) { coll_.begin_call(stream); }

@@ -108,7 +108,8 @@ class WorkspaceCore {
     if (s == Strategy::Multimem && !multicast_) return false;
     if (s == Strategy::Auto) s = strategy_for(num_tokens);
     if (s == Strategy::Nccl) return route_;  // the NCCL engine holds max_token_num
-    return lamport_call_words(s, topo_.world_size, num_tokens, vecs_per_token<T>(cfg_.hidden_dim)) <= data_words_;
+    return lamport_call_words(s, topo_.world_size, num_tokens, algo::detail::vecs_per_token<T>(cfg_.hidden_dim)) <=
+           data_words_;
   }
 
  protected:
@@ -205,7 +206,9 @@ class WorkspaceCore {
              "fiar::never).";
     }
     return std::string(to_string(s)) + " with num_tokens = " + std::to_string(num_tokens) + " needs " +
-           std::to_string(lamport_call_words(s, topo_.world_size, num_tokens, vecs_per_token<T>(cfg_.hidden_dim)) * 4) +
+           std::to_string(
+               lamport_call_words(s, topo_.world_size, num_tokens, algo::detail::vecs_per_token<T>(cfg_.hidden_dim)) *
+               4) +
            " bytes per Lamport buffer; this workspace has " + std::to_string(data_words_ * 4) +
            ". Fix: use Strategy::Auto, or create the workspace with oneshot_at_max_tokens.";
   }
@@ -440,19 +443,17 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   static StrategyThresholds agreed_thresholds(B& boot, const Topology& topo, const WorkspaceConfig& cfg,
                                               CreationError&& creation_error) {
     auto extras = [&] {
-      const std::size_t words = kLamport ? buffer_words_of(topo, cfg) : required_bytes(topo, cfg) / 4;
+      std::size_t words = 0;
+      if constexpr (kLamport) {
+        words = buffer_words(topo.world_size, topo.arch, cfg);
+      } else {
+        words = required_bytes(topo, cfg) / 4;  // what the NCCL engine allocates
+      }
       return detail::CreationExtras{words, thresholds(topo, cfg), kLamport};
     };
     return detail::agree_on_creation<P, T>(
                boot, topo, cfg, [&] { return config_error(topo, cfg); }, creation_error, extras)
         .thresholds;
-  }
-  static std::size_t buffer_words_of(const Topology& topo, const WorkspaceConfig& cfg) {
-    if constexpr (kLamport) {
-      return buffer_words(topo.world_size, topo.arch, cfg);
-    } else {
-      return 0;
-    }
   }
 
   // A backend that runs but is expected to lose here (trtllm on a PCIe-only node of more than 2 ranks): one warning

@@ -336,13 +336,18 @@ inline std::shared_ptr<std::uint32_t> open_segment(const std::string& name, std:
   return map_segment(fd.get(), bytes, name);
 }
 
+/// The start of the names of this boot's and this pid namespace's segments: "fiar-host-<boot>-<pid namespace>-".
+inline std::string host_segment_namespace(const ProcessIdentity& me) {
+  return std::string(kHostSegmentPrefix) + std::to_string(me.boot % 1000000007u) + "-" +
+         std::to_string(me.pid_namespace) + "-";
+}
+
 /// The name of a segment this process creates: "/fiar-host-<boot>-<pid namespace>-<pid>-<random>", with the
 /// kernel's boot id (hashed) and the pid namespace, so that a sweep in another container (another pid namespace
 /// over one /dev/shm) can tell the segment is not its own.
 inline std::string host_segment_name(std::uint64_t random) {
   const ProcessIdentity me = this_process();
-  return "/" + std::string(kHostSegmentPrefix) + std::to_string(me.boot % 1000000007u) + "-" +
-         std::to_string(me.pid_namespace) + "-" + std::to_string(me.pid) + "-" + std::to_string(random);
+  return "/" + host_segment_namespace(me) + std::to_string(me.pid) + "-" + std::to_string(random);
 }
 
 /// Whether `name` (received from a peer, in a buffer of `capacity` bytes) is a segment name the host emulator makes:
@@ -362,9 +367,7 @@ inline bool is_host_segment_name(const char* name, std::size_t capacity) {
 inline void remove_stale_segments() {
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return;
-  const ProcessIdentity me = this_process();
-  const std::string mine = std::string(kHostSegmentPrefix) + std::to_string(me.boot % 1000000007u) + "-" +
-                           std::to_string(me.pid_namespace) + "-";
+  const std::string mine = host_segment_namespace(this_process());
   while (const dirent* e = ::readdir(dir)) {
     const std::string entry = e->d_name;
     if (entry.rfind(mine, 0) != 0) continue;
