@@ -28,6 +28,13 @@ inline constexpr bool kUnderTsan = true;
 inline constexpr bool kUnderTsan = false;
 #endif
 
+// A timeout that the healthy ranks of a test must meet (their calls complete within it while another rank is missing
+// or late): four times longer under ThreadSanitizer, where a loaded machine can hold back an emulated rank's push by
+// more than a plain build's whole call.
+inline std::chrono::milliseconds healthy_timeout(std::chrono::milliseconds plain) {
+  return kUnderTsan ? 4 * plain : plain;
+}
+
 // `all` in the plain build, `under_tsan` (a subset of it) under ThreadSanitizer; for GENERATE(from_range(...)).
 inline std::vector<int> sizes_for(std::vector<int> all, std::vector<int> under_tsan) {
   return kUnderTsan ? under_tsan : all;

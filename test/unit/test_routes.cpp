@@ -3,7 +3,7 @@
 // on one; the NCCL route of the trtllm and mnnvl workspaces (calls from nccl_min_bytes handed to a nccl workspace of
 // the same group) on the host emulator, whose NCCL is a rank-order fp32 reduction: so a routed call is bit-identical
 // to one-shot, every pattern and dtype, mixed with the Lamport strategies in one sequence; a route that is not there
-// is refused by name; ranks that disagree fail at creation, or time out (bounded) when they route one call
+// is refused by name; ranks that disagree fail at creation, or raise mismatch_error when they route one call
 // differently.
 #include <catch2/catch.hpp>
 #include <fiar/fiar.hpp>
@@ -324,32 +324,78 @@ TEST_CASE("routes: ranks whose thresholds differ fail the creation on every rank
   }
 }
 
-TEST_CASE("routes: a call one rank routes to NCCL and another does not times out on both, bounded", "[routes]") {
-  const int world = 2;
+namespace {
+
+// What each rank saw when the ranks made one call with different strategies (rank r with strategies[r] and
+// tokens[r]): the mismatch_error of the call (and how long it took), then of a later call and of check().
+struct Split {
+  std::string first, later, checked;
+  std::chrono::steady_clock::duration took{};
+};
+template <class Policy>
+std::vector<Split> split_call(const std::vector<Strategy>& strategies, const std::vector<int>& tokens) {
+  const int world = static_cast<int>(strategies.size());
+  // A timeout far above the bound the test checks: a split that ended in a timeout would fail it.
   const fiar::WorkspaceConfig cfg{
-      .max_token_num = 8, .hidden_dim = 64, .timeout = 300ms, .nccl_min_bytes = 4 * 64 * sizeof(float)};
-  std::vector<fiar_test::AfterPeerStopped> seen(world);
+      .max_token_num = 8, .hidden_dim = 64, .timeout = 20s, .nccl_min_bytes = 4 * 64 * sizeof(float)};
+  std::vector<Split> seen(static_cast<std::size_t>(world));
   auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
-    HostWs<float, TrtllmPolicy> ws(boot, one_node(world, rank), cfg, kSmallGrid);
+    HostWs<float, Policy> ws(boot, one_node(world, rank), cfg, kSmallGrid);
     std::vector<float> in(8 * 64, 1.0f), out(8 * 64);
-    // Rank 0 calls with 4 tokens (the route), rank 1 with 3 (one-shot): a caller bug fiar cannot hide.
-    const int tokens = rank == 0 ? 4 : 3;
-    seen[fiar_test::at(rank)] = fiar_test::after_peer_stopped(ws, [&] { ws.allreduce(in.data(), out.data(), tokens); });
+    ws.allreduce(in.data(), out.data(), 4, nullptr, Strategy::Nccl);  // a routed call that matches, first
+    ws.allreduce(in.data(), out.data(), 2);
+    Split& mine = seen[fiar_test::at(rank)];
+    auto call = [&] {
+      ws.allreduce(in.data(), out.data(), tokens[fiar_test::at(rank)], nullptr, strategies[fiar_test::at(rank)]);
+    };
+    const auto start = std::chrono::steady_clock::now();
+    mine.first = fiar_test::thrown<fiar::mismatch_error>(call);
+    mine.took = std::chrono::steady_clock::now() - start;
+    mine.later = fiar_test::thrown<fiar::mismatch_error>(call);
+    mine.checked = fiar_test::thrown<fiar::mismatch_error>([&] { ws.check(); });
   });
   fiar_test::require_no_errors(errors);
-  for (int r = 0; r < world; ++r) {
-    CAPTURE(r, seen[fiar_test::at(r)].first);
-    CHECK_THAT(seen[fiar_test::at(r)].first, Catch::Contains("gave up after 300 ms"));
-    CHECK(seen[fiar_test::at(r)].took < 5s);
-    CHECK_FALSE(seen[fiar_test::at(r)].checked.empty());
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("routes: a call that ranks route differently raises mismatch_error on every rank within a second",
+          "[routes]") {
+  const std::string backend = GENERATE(as<std::string>{}, "trtllm", "mnnvl");
+  // Ranks 0 and 1 hand the call to NCCL, rank 2 runs it on the Lamport buffers: the same 3 tokens with a strategy
+  // forced on every rank, or Auto on every rank with 4 tokens (the route's) on ranks 0 and 1 and 3 on rank 2.
+  const Strategy other = GENERATE(Strategy::TwoShot, Strategy::OneShot, Strategy::Multimem, Strategy::Auto);
+  if (other == Strategy::Multimem && backend != "mnnvl") return;
+  const bool forced = other != Strategy::Auto;
+  CAPTURE(backend, fiar::to_string(other));
+  const Strategy routed = forced ? Strategy::Nccl : Strategy::Auto;
+  const std::vector<Strategy> strategies{routed, routed, other};
+  const std::vector<int> tokens{forced ? 3 : 4, forced ? 3 : 4, 3};
+  const int other_tokens = 3;
+  const auto seen =
+      backend == "mnnvl" ? split_call<MnnvlPolicy>(strategies, tokens) : split_call<TrtllmPolicy>(strategies, tokens);
+  const std::string other_digest = "num_tokens " + std::to_string(other_tokens) + ", pattern allreduce, strategy " +
+                                   std::string(other == Strategy::Auto ? "oneshot" : fiar::to_string(other));
+  for (std::size_t r = 0; r < seen.size(); ++r) {
+    CAPTURE(r, seen[r].first);
+    // Every rank names the routed call's digest ({..., strategy nccl}) against the other one.
+    CHECK_THAT(seen[r].first, Catch::Contains("strategy nccl") && Catch::Contains(other_digest));
+    CHECK(seen[r].took < 1s);
+    CHECK(seen[r].later == seen[r].first);
+    CHECK(seen[r].checked == seen[r].first);
   }
 }
 
 TEST_CASE("routes: after its NCCL route failed, a workspace launches nothing, not even a Lamport-sized call",
           "[routes]") {
   const int world = 2;
-  const fiar::WorkspaceConfig cfg{
-      .max_token_num = 8, .hidden_dim = 64, .timeout = 300ms, .nccl_min_bytes = 4 * 64 * sizeof(float)};
+  // Without verify_calls a routed call has no digest exchange on the Lamport buffers: the route alone waits.
+  const fiar::WorkspaceConfig cfg{.max_token_num = 8,
+                                  .hidden_dim = 64,
+                                  .timeout = 300ms,
+                                  .verify_calls = false,
+                                  .nccl_min_bytes = 4 * 64 * sizeof(float)};
   std::string routed, after;
   std::chrono::steady_clock::duration took{};
   std::atomic<bool> done{false};

@@ -65,8 +65,8 @@ inline constexpr std::uint32_t kErrorTimeout = 1;
 inline constexpr std::uint32_t kErrorMismatch = 2;
 
 /// What every call tells its peers about itself, in the header of the Lamport buffer it uses: the call number
-/// (31 bits), num_tokens, the pattern and the strategy that runs (1 one-shot, 2 two-shot). No word is ever the
-/// sentinel.
+/// (31 bits), num_tokens, the pattern and the strategy that runs (1 one-shot, 2 two-shot, 3 in-switch, 4 the NCCL
+/// route). No word is ever the sentinel.
 struct CallDigest {
   std::uint32_t call, num_tokens, pattern, strategy;
   friend constexpr bool operator==(const CallDigest&, const CallDigest&) = default;
@@ -74,6 +74,9 @@ struct CallDigest {
 inline constexpr std::uint32_t kDigestOneShot = 1;
 inline constexpr std::uint32_t kDigestTwoShot = 2;
 inline constexpr std::uint32_t kDigestMultimem = 3;  ///< the in-switch reduction (algo/multimem.hpp)
+/// A call the workspace hands to NCCL (Strategy::Nccl): its digest still goes through the Lamport buffers, in a
+/// two-shot call of no tokens, so that a rank that runs the same call on the buffers meets it and both raise.
+inline constexpr std::uint32_t kDigestNccl = 4;
 
 /// Everything one rank's kernel needs for one call.
 template <ReduceType T>
@@ -89,6 +92,9 @@ struct LamportParams {
   std::uint64_t timeout_ns;           ///< per call, from the kernel's start
   bool verify;                        ///< exchange and compare call digests (WorkspaceConfig::verify_calls)
   EpilogueParams<T> epi;              ///< the call: in, out, num_tokens and the fused outputs (FusedArgs)
+  /// What the call's digest says after its number (the kernel's), set by the engine per call: the call's num_tokens,
+  /// pattern and kDigest* strategy. The NCCL route's digest exchange says the routed call's, with epi.num_tokens 0.
+  CallDigest digest;
 };
 
 /// Words of a buffer's header: one call digest (one Vec16) per rank, at the start of every Lamport buffer.
@@ -360,16 +366,15 @@ FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
 }
 
 FIAR_EXEC_CHECK_DISABLE
-template <Pattern P, ReduceType T, class Ctx>
-FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportParams<T>& p, std::uint32_t strategy) {
+template <ReduceType T, class Ctx>
+FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportParams<T>& p) {
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
   // Relaxed: written by this rank's previous kernel, which griddepcontrol.wait has seen complete.
   const Vec16 head = ctx.load16(&p.state->call);  // call, buffer, arrived, reserved
   const std::uint32_t call = head.x;
   const std::uint32_t buffer = head.y;
   const std::uint32_t prev = buffer == 0 ? kLamportBuffers - 1 : buffer - 1;
-  const Vec16 digest{call & 0x7fffffffu, static_cast<std::uint32_t>(p.epi.num_tokens), static_cast<std::uint32_t>(P),
-                     strategy};
+  const Vec16 digest{call & 0x7fffffffu, p.digest.num_tokens, p.digest.pattern, p.digest.strategy};
   const auto words = static_cast<std::uint32_t>(p.buffer_words);
   return CallFrame{deadline, call, buffer, buffer * words, prev * words, prev, digest};
 }
@@ -455,7 +460,7 @@ FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail;
-  const CallFrame f = begin_call<P>(ctx, p, kDigestOneShot);
+  const CallFrame f = begin_call(ctx, p);
   const auto vecs = static_cast<std::uint32_t>(p.vecs_per_token);
   const std::uint32_t data = f.cur + static_cast<std::uint32_t>(header_words(p.world_size));
   const std::uint32_t rank_stride = static_cast<std::uint32_t>(p.epi.num_tokens) * vecs * fiar::exec::kWordsPerVec;
@@ -515,7 +520,7 @@ FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
 FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   using namespace detail;
-  const CallFrame f = begin_call<P>(ctx, p, kDigestTwoShot);
+  const CallFrame f = begin_call(ctx, p);
   const auto vecs = static_cast<std::uint32_t>(p.vecs_per_token);
   const int chunk = twoshot_chunk(p.world_size, p.epi.num_tokens);
   const std::uint32_t scatter_base = f.cur + static_cast<std::uint32_t>(header_words(p.world_size));
@@ -534,9 +539,11 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   const int grid_lanes = ctx.blocks() * ctx.lanes();
 
   // 1. Scatter: the digest to every rank, each token's input to its owner (owner and token walked without division).
+  //    A lane with nothing to scatter skips the setup too (a call of no tokens, the NCCL route's digest exchange,
+  //    has chunk 0).
   push_digest<X>(ctx, p, f);
   const int total = p.epi.num_tokens * p.vecs_per_token;
-  {
+  if (lane_id < total) {
     int t = lane_id / p.vecs_per_token, v = lane_id - t * p.vecs_per_token;
     const int dt = grid_lanes / p.vecs_per_token, dv = grid_lanes - dt * p.vecs_per_token;
     int owner = t / chunk, local = t - owner * chunk;

@@ -118,7 +118,7 @@ template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
   using namespace detail;
   const LamportParams<T>& p = m.base;
-  const CallFrame f = begin_call<P>(ctx, p, kDigestMultimem);
+  const CallFrame f = begin_call(ctx, p);
   const std::size_t data = f.cur + header_words(p.world_size);
   auto at = [&](int token, int vec) {
     return data +

@@ -114,6 +114,10 @@ class LamportEngine {
   void launch(Pf& platform, const FusedArgs<T>& a, int hidden_dim, Strategy s, cudaStream_t stream) {
     algo::LamportParams<T> p = params_;
     p.epi = algo::epilogue_params(a, hidden_dim);
+    p.digest = algo::CallDigest{0u, static_cast<std::uint32_t>(a.num_tokens), static_cast<std::uint32_t>(P),
+                                s == Strategy::TwoShot    ? algo::kDigestTwoShot
+                                : s == Strategy::Multimem ? algo::kDigestMultimem
+                                                          : algo::kDigestOneShot};
     if constexpr (kMulticast) {
       if (s == Strategy::Multimem) {
         const std::size_t counters = algo::kLamportBuffers * p.buffer_words;
@@ -125,12 +129,32 @@ class LamportEngine {
     platform.template launch<OneShot<P, T>>(p, stream);
   }
 
+  /// The Lamport side of a call the workspace hands to NCCL, with verify_calls: a two-shot call of no tokens whose
+  /// digest says the routed call's (num_tokens, pattern P, kDigestNccl). Every rank that routes the call meets the
+  /// others' digests here first, so a rank that runs it on the Lamport buffers instead (another strategy) finds a
+  /// digest that differs and every rank raises fiar::mismatch_error, where the routed ranks would otherwise wait in a
+  /// collective the other never joins. The buffer rotation and call numbers advance as for any call.
+  template <Pattern P>
+  void announce(Pf& platform, int num_tokens, cudaStream_t stream) {
+    if (!params_.verify) return;
+    algo::LamportParams<T> p = params_;
+    p.epi.num_tokens = 0;
+    p.digest =
+        algo::CallDigest{0u, static_cast<std::uint32_t>(num_tokens), static_cast<std::uint32_t>(P), algo::kDigestNccl};
+    platform.template launch<TwoShot<Pattern::AllReduce, T>>(p, stream);
+  }
+
+  /// Whether a call recorded a failure (raise_failure() throws it), or the engine was moved from.
+  [[nodiscard]] bool failed() const { return !error_ || Pf::read_word(&error_->code) != algo::kErrorNone; }
   /// Throws fiar::mismatch_error if a call saw a peer's call digest differ from its own, and fiar::timeout_error if
   /// a kernel gave up waiting (then every later call throws too: the protocol state is lost).
   void check() const {
+    if (failed()) raise_failure();
+  }
+  /// Throws what failed() found.
+  [[noreturn]] void raise_failure() const {
     if (!error_) throw std::logic_error(moved_from_text("workspace"));
-    const std::uint32_t code = Pf::read_word(&error_->code);
-    if (code != algo::kErrorNone) raise(code);
+    raise(Pf::read_word(&error_->code));
   }
 
   /// Test hook: the protocol's call counter, as if `call` calls had completed; the buffer rotation goes on where it

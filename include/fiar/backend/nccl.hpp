@@ -87,6 +87,8 @@ class NcclEngine {
   }
 
   void check() const { coll_.check(); }
+  /// The workspace failed elsewhere (its Lamport engine): release what a routed call may still wait on.
+  void abandon() const { coll_.abandon(); }
   /// Throws a failure a call recorded (cheap: no query of the library or the device).
   void check_recorded() const { coll_.check_recorded(); }
   void set_call_counter(std::uint32_t call) { coll_.set_call_counter(call); }

@@ -40,7 +40,7 @@ struct WorkspaceConfig {
   std::optional<std::size_t> multimem_min_bytes = std::nullopt;
   /// trtllm / mnnvl: per-rank message bytes from which Strategy::Auto hands the call to NCCL inside this workspace
   /// (Strategy::Nccl: ncclAllReduce, then fiar's epilogue), at 2 ranks or more. Default: the built-in table's
-  /// (default_strategy_thresholds: 32 MiB at 8 ranks on sm_90, never on PCIe). When a call of max_token_num tokens
+  /// (default_strategy_thresholds: 64 MiB at 8 ranks on sm_90, never on PCIe). When a call of max_token_num tokens
   /// reaches it, creation also sets up the route (on GPUs an NCCL communicator, created from the bootstrap); a default
   /// route that cannot be set up (a build without NCCL, ranks sharing a GPU) is left out with one warning, a value
   /// given here makes creation fail instead. fiar::never: no route. The nccl backend ignores it.

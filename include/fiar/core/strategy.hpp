@@ -119,7 +119,7 @@ constexpr StrategyThresholds default_strategy_thresholds(Backend backend, int ar
   if (blackwell) {
     if (world_size > 4) t.nccl_min_bytes = 128 * MiB;
   } else {
-    t.nccl_min_bytes = world_size <= 4 ? 512 * MiB : 32 * MiB;
+    t.nccl_min_bytes = world_size <= 4 ? 1024 * MiB : 64 * MiB;
   }
   return t;
 }

@@ -35,6 +35,7 @@ inline std::string call_digest_text(const algo::CallDigest& d) {
   const char* strategy_name = d.strategy == algo::kDigestOneShot    ? "oneshot"
                               : d.strategy == algo::kDigestTwoShot  ? "twoshot"
                               : d.strategy == algo::kDigestMultimem ? "multimem"
+                              : d.strategy == algo::kDigestNccl     ? "nccl"
                                                                     : "auto";
   return "call " + std::to_string(d.call) + ", num_tokens " + std::to_string(d.num_tokens) + ", pattern " +
          pattern_name + ", strategy " + strategy_name;

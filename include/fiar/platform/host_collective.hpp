@@ -91,6 +91,9 @@ class HostCollective {
     if (!failure_.empty()) throw timeout_error(failure_);
   }
 
+  /// The workspace failed elsewhere: nothing to release (a call here is synchronous, so none is in flight).
+  void abandon() const {}
+
   /// Test hook: calls numbered from `call` on, the arrival sequence with them (this rank's word as if call - 1 had
   /// completed). Every rank sets the same value between two calls, then meets.
   void set_call_counter(std::uint32_t call) {

@@ -146,6 +146,14 @@ class NcclCollective {
     if (failure_.failed()) raise(failure_, failure_.message());
   }
 
+  /// The workspace failed elsewhere (its Lamport engine): an owned communicator is aborted now, so that a call still
+  /// waiting for a rank that never joins it ends; an adopted one is the caller's to abort. The workspace's own error
+  /// is what every later call throws.
+  void abandon() const {
+    pending_ = false;
+    comm_.abort();
+  }
+
   /// Test hook: calls numbered from `call` on (names in errors only here).
   void set_call_counter(std::uint32_t call) { calls_ = call; }
 
