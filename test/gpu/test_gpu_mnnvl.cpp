@@ -47,7 +47,7 @@ constexpr std::chrono::milliseconds kBootstrapTimeout = 90s;
 
 // fiar_test::on_ranks with kBootstrapTimeout.
 template <class Body>
-auto on_ranks(const std::vector<int>& devices, Body&& body) {
+auto on_mnnvl_ranks(const std::vector<int>& devices, Body&& body) {
   return fiar_test::on_ranks(devices, std::forward<Body>(body), kBootstrapTimeout);
 }
 
@@ -107,7 +107,7 @@ std::vector<int> multicast_ranks() {
 // through its peer mapping. Returns what each rank found wrong ("" = nothing).
 std::vector<std::string> check_platform_region(const std::vector<int>& devices, int repeats) {
   constexpr int kWords = 1 << 16;
-  return on_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
+  return on_mnnvl_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
     std::string bad;
     const int world = static_cast<int>(devices.size());
     for (int repeat = 0; repeat < repeats; ++repeat) {
@@ -167,7 +167,7 @@ void run_residual_rmsnorm(const std::vector<int>& devices, int hidden, int token
   const int world = static_cast<int>(devices.size());
   INFO("mnnvl ResidualRmsNorm, " << world << " GPUs, " << fiar_test::dtype_label<T>() << ", hidden " << hidden << ", "
                                  << tokens << " tokens, " << fiar::to_string(strategy));
-  const auto got = on_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
+  const auto got = on_mnnvl_ranks(devices, [&](int rank, fiar::InProcessBootstrap& boot) {
     Stream stream;  // allocations before the workspace: its creation ends with a barrier
     fiar_test::FusedBuffers<T> b(tokens, hidden, 0);
     b.set_constants(hidden, 1.0f, stream.s);
@@ -200,7 +200,7 @@ struct Caught {
 // multicast (and sm_90, the backend's minimum), so the backend's topology check passes and the platform itself
 // must find out; then all ranks pass one more barrier (nobody was left waiting inside the creation).
 std::vector<Caught> create_expecting_failure(const std::vector<int>& devices) {
-  return on_ranks(devices, [&](int, fiar::InProcessBootstrap& boot) {
+  return on_mnnvl_ranks(devices, [&](int, fiar::InProcessBootstrap& boot) {
     fiar::Topology topo = fiar::discover_topology(boot);
     topo.multicast_supported = true;
     topo.arch = std::max(topo.arch, 90);

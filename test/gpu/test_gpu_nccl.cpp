@@ -37,7 +37,7 @@ namespace {
 template <class T>
 using NcclWorkspace = fiar_test::GpuWorkspace<fiar::NcclPolicy, T>;
 
-constexpr float kScale = 0.75f;
+constexpr float kNcclScale = 0.75f;
 
 // One rank per visible GPU, at most 8.
 int gpu_world() {
@@ -63,7 +63,7 @@ std::vector<RankResults<T>> run_all_patterns(int world, int tokens, int hidden) 
         Stream stream;
         fiar_test::FusedBuffers<T> b(tokens, hidden,
                                      fiar::algo::nvfp4_scale_bytes(tokens, hidden, fiar::ScaleLayout::Swizzled128x4));
-        b.set_constants(hidden, kScale, stream.s);
+        b.set_constants(hidden, kNcclScale, stream.s);
         RankResults<T> o;
         NcclWorkspace<T> ws(boot, fiar::discover_topology(boot),
                             {.max_token_num = tokens, .hidden_dim = hidden, .timeout = 60s});
@@ -174,13 +174,13 @@ TEMPLATE_TEST_CASE("nccl: allreduce and every fused pattern, one rank per GPU, a
   }
   if (world == 1) {
     // One rank: NCCL copies the input, so fiar's rank-order reference holds bit for bit.
-    fiar_test::check_pattern<Pattern::AllReduce, TestType>(s, all_reduce, false, {}, 0.0f, kScale);
-    fiar_test::check_pattern<Pattern::ResidualRmsNorm, TestType>(s, norm, true, {}, 0.0f, kScale);
-    fiar_test::check_pattern<Pattern::ResidualRmsNormFp8, TestType>(s, fp8, true, {}, 0.0f, kScale);
-    fiar_test::check_pattern<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, fp8_dynamic, true, {}, 0.0f, kScale);
+    fiar_test::check_pattern<Pattern::AllReduce, TestType>(s, all_reduce, false, {}, 0.0f, kNcclScale);
+    fiar_test::check_pattern<Pattern::ResidualRmsNorm, TestType>(s, norm, true, {}, 0.0f, kNcclScale);
+    fiar_test::check_pattern<Pattern::ResidualRmsNormFp8, TestType>(s, fp8, true, {}, 0.0f, kNcclScale);
+    fiar_test::check_pattern<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, fp8_dynamic, true, {}, 0.0f, kNcclScale);
     if (!std::is_same_v<TestType, float> && arch >= 100) {
-      fiar_test::check_pattern<Pattern::ResidualRmsNormNvfp4, TestType>(s, nvfp4, true,
-                                                                        fiar::ScaleLayout::Swizzled128x4, 0.0f, kScale);
+      fiar_test::check_pattern<Pattern::ResidualRmsNormNvfp4, TestType>(
+          s, nvfp4, true, fiar::ScaleLayout::Swizzled128x4, 0.0f, kNcclScale);
     }
   } else {
     check_against_nccl_sum<TestType>(world, tokens, hidden, results);

@@ -7,33 +7,13 @@
 #include <optional>
 #include <string>
 
+#include "../common/text.hpp"
+
 using fiar::Backend;
 
 namespace {
 
-// Sets (or unsets, for nullopt) an environment variable for one scope and restores it afterwards.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value->c_str(), 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using fiar_test::ScopedEnv;
 
 std::string message_of(auto&& f) {
   try {

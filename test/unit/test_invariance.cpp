@@ -217,8 +217,10 @@ void check_invariance() {
       },
   };
   if (!fiar_test::kUnderTsan) shapes.push_back([](int) { return Opt{.blocks = 2, .lanes = 40, .cluster = 2}; });
-  // Batches of 2 to 129 rows.
-  const std::vector<int> sizes = fiar_test::sizes_for({2, 17, 129}, {2, 9});
+  // Batches of 2 to 33 rows (every shape's clusters loop over tokens from 17 on; two-shot chunks are uneven), and 129
+  // for NVFP4, whose swizzled scales come in tiles of 128 rows.
+  const std::vector<int> sizes = P == Pattern::ResidualRmsNormNvfp4 ? fiar_test::sizes_for({2, 17, 129}, {2, 9})
+                                                                    : fiar_test::sizes_for({2, 17, 33}, {2, 9});
   std::vector<Run> runs;
   runs.push_back(Run{0, 1, 0, C::lamport ? Strategy::OneShot : Strategy::Auto});  // the row alone: the reference
   for (int shape = 0; shape < static_cast<int>(shapes.size()); ++shape) {

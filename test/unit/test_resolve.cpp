@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/text.hpp"
+
 using fiar::Backend;
 using fiar::Resolution;
 using fiar::Topology;
@@ -48,9 +50,7 @@ std::string rejection_message(Backend b, const Topology& t) {
   return {};
 }
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using fiar_test::contains;
 
 Topology topo(int world, int nodes, bool multicast, bool peer = true, int arch = 0, bool fabric = false) {
   return Topology{.world_size = world,

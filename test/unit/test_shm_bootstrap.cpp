@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../common/shm_bootstrap.hpp"
+#include "../common/text.hpp"
 
 using namespace std::chrono_literals;
 using fiar_test::ShmBootstrap;
@@ -56,7 +57,7 @@ void require_all_exit_zero(const std::vector<int>& status) {
   }
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using fiar_test::contains;
 
 }  // namespace
 

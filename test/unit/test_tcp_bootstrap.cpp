@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "../common/text.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -66,7 +68,7 @@ std::vector<std::string> run_threads(const std::vector<int>& ranks, const std::f
   return errors;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using fiar_test::contains;
 
 // A raw connection to host:port, retried until something listens there or `within` passes (-1: none).
 int connect_raw(const char* host, int port, std::chrono::milliseconds within = 5s) {
@@ -95,9 +97,9 @@ long resident_kib() {
 }
 
 // Sets environment variables for one scope and restores them.
-class ScopedEnv {
+class LauncherEnv {
  public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+  LauncherEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
     for (const char* name : kAll) {
       const char* old = std::getenv(name);
       saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
@@ -105,7 +107,7 @@ class ScopedEnv {
     }
     for (const auto& [name, value] : vars) ::setenv(name, value, 1);
   }
-  ~ScopedEnv() {
+  ~LauncherEnv() {
     for (const auto& [name, value] : saved_) {
       if (value) {
         ::setenv(name, value->c_str(), 1);
@@ -282,7 +284,7 @@ TEST_CASE("tcp: bad options name the value and the fix", "[tcp]") {
 
 TEST_CASE("tcp: the launchers' variables, in order of precedence", "[tcp]") {
   {
-    ScopedEnv env(
+    LauncherEnv env(
         {{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29400"}});
     const auto e = fiar::launch_environment();
     CHECK(e.rank == 3);
@@ -293,11 +295,11 @@ TEST_CASE("tcp: the launchers' variables, in order of precedence", "[tcp]") {
     CHECK(e.source == "torchrun");
   }
   {
-    ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "5"},
-                   {"OMPI_COMM_WORLD_SIZE", "16"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "5"},
-                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"},
-                   {"FIAR_MASTER_ADDR", "head"}});
+    LauncherEnv env({{"OMPI_COMM_WORLD_RANK", "5"},
+                     {"OMPI_COMM_WORLD_SIZE", "16"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "5"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"},
+                     {"FIAR_MASTER_ADDR", "head"}});
     const auto e = fiar::launch_environment();
     CHECK(e.rank == 5);
     CHECK(e.world_size == 16);
@@ -310,13 +312,13 @@ TEST_CASE("tcp: the launchers' variables, in order of precedence", "[tcp]") {
   }
   {
     // fiar's own variables win over the launcher's.
-    ScopedEnv env({{"FIAR_RANK", "1"},
-                   {"FIAR_WORLD_SIZE", "2"},
-                   {"RANK", "7"},
-                   {"WORLD_SIZE", "9"},
-                   {"SLURM_PROCID", "4"},
-                   {"FIAR_MASTER_PORT", "1111"},
-                   {"MASTER_PORT", "2222"}});
+    LauncherEnv env({{"FIAR_RANK", "1"},
+                     {"FIAR_WORLD_SIZE", "2"},
+                     {"RANK", "7"},
+                     {"WORLD_SIZE", "9"},
+                     {"SLURM_PROCID", "4"},
+                     {"FIAR_MASTER_PORT", "1111"},
+                     {"MASTER_PORT", "2222"}});
     const auto e = fiar::launch_environment();
     CHECK(e.rank == 1);
     CHECK(e.world_size == 2);
@@ -324,11 +326,11 @@ TEST_CASE("tcp: the launchers' variables, in order of precedence", "[tcp]") {
     CHECK(e.source == "FIAR_RANK");
   }
   {
-    ScopedEnv env({{"FIAR_RANK", "one"}});
+    LauncherEnv env({{"FIAR_RANK", "one"}});
     CHECK_THROWS_WITH(fiar::launch_environment(), Catch::Contains("FIAR_RANK = 'one'"));
   }
   {
-    ScopedEnv env({});
+    LauncherEnv env({});
     CHECK(fiar::launch_environment().rank == -1);
     CHECK_THROWS_WITH(fiar::TcpBootstrapOptions::from_environment(), Catch::Contains("FIAR_RANK and FIAR_WORLD_SIZE"));
   }
@@ -503,23 +505,23 @@ TEST_CASE("tcp: rank 0 listens only on the address master_addr resolves to", "[t
 
 TEST_CASE("tcp: a rank and a world size from two launchers that disagree are refused, naming both", "[tcp]") {
   {
-    ScopedEnv env({{"RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    LauncherEnv env({{"RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
     CHECK_THROWS_WITH(fiar::launch_environment(),
                       Catch::Contains("RANK = 1 (torchrun) but OMPI_COMM_WORLD_RANK = 3 (Open MPI)"));
   }
   {
-    ScopedEnv env({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    LauncherEnv env({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
     CHECK_THROWS_WITH(fiar::launch_environment(),
                       Catch::Contains("WORLD_SIZE = 8 (torchrun) but OMPI_COMM_WORLD_SIZE = 4 (Open MPI)"));
   }
   {
     // Slurm's variables are inherited by whatever an allocation runs (mpirun inside sbatch): never a disagreement.
-    ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "2"},
-                   {"OMPI_COMM_WORLD_SIZE", "4"},
-                   {"SLURM_PROCID", "0"},
-                   {"SLURM_NTASKS", "1"},
-                   {"FIAR_BOOTSTRAP_TOKEN", "t"},
-                   {"FIAR_LISTEN_ALL", "1"}});
+    LauncherEnv env({{"OMPI_COMM_WORLD_RANK", "2"},
+                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"SLURM_PROCID", "0"},
+                     {"SLURM_NTASKS", "1"},
+                     {"FIAR_BOOTSTRAP_TOKEN", "t"},
+                     {"FIAR_LISTEN_ALL", "1"}});
     const auto e = fiar::launch_environment();
     CHECK(e.rank == 2);
     CHECK(e.world_size == 4);
