@@ -254,9 +254,9 @@ T round_to(float x) {
 }
 
 // Verifies one call of a fused pattern on one rank: residual_out bit-exact against the fp32 rank-order sum
-// plus the residual; norm_out within one ulp of T of the fp64 RMSNorm (plus one subnormal step of T, for results
-// that round into T's subnormal range); the quantized outputs bit-exact against the quantization of the kernel's own
-// norm_out.
+// plus the residual (RmsNorm: no residual, the sum is normalized); norm_out within one ulp of T of the fp64 RMSNorm
+// (plus one subnormal step of T, for results that round into T's subnormal range); the quantized outputs bit-exact
+// against the quantization of the kernel's own norm_out.
 template <class T>
 void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int it, const std::vector<T>& residual,
                   const std::vector<T>& gamma, const std::vector<T>& residual_out, const std::vector<T>& norm,
@@ -273,8 +273,9 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
       for (int r = 0; r < world; ++r) acc += f32(round_to<T>(input_value(r, it, i))) + 0.0f;
       T sum = round_to<T>(acc);
       if (f32(sum) == 0.0f) sum = round_to<T>(0.0f);
-      const T yy = round_to<T>(f32(sum) + f32(residual[i]));
-      if (f32(yy) != f32(residual_out[i])) ++res.mismatches;
+      const bool with_residual = pattern != fiar::Pattern::RmsNorm;
+      const T yy = with_residual ? round_to<T>(f32(sum) + f32(residual[i])) : sum;
+      if (with_residual && f32(yy) != f32(residual_out[i])) ++res.mismatches;
       y[static_cast<std::size_t>(h)] = f32(yy);
       squares += static_cast<double>(f32(yy)) * f32(yy);
     }
@@ -388,7 +389,8 @@ struct CallTensors {
       residual[i] = round_to<T>(input_value(1000, it, i));
     }
     mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
-    if constexpr (fused) mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
+    if constexpr (used(fiar::FusedTensor::ResidualIn))
+      mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
   }
 
   /// Downloads the outputs (after the stream finished the call) and checks them as iteration `it` of `world` ranks.
@@ -397,7 +399,7 @@ struct CallTensors {
       mem.download(out.data(), a.out, bytes);
       verify<T>(out, world, it, res);
     } else {
-      mem.download(residual_out.data(), a.residual_out, bytes);
+      if constexpr (used(fiar::FusedTensor::ResidualOut)) mem.download(residual_out.data(), a.residual_out, bytes);
       mem.download(norm.data(), a.norm_out, bytes);
       if (a.quant_out != nullptr) mem.download(quant.data(), a.quant_out, quant_bytes);
       if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);

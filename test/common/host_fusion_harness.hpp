@@ -51,13 +51,15 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
           o.out.resize(count);
           a.out = in_place ? in.data() : o.out.data();
         } else {
-          o.residual_out.resize(count);
-          a.residual_in = residual.data();
-          a.residual_out = in_place ? residual.data() : o.residual_out.data();
+          if constexpr (P != Pattern::RmsNorm) {
+            o.residual_out.resize(count);
+            a.residual_in = residual.data();
+            a.residual_out = in_place ? residual.data() : o.residual_out.data();
+          }
           a.gamma = gamma.data();
           a.eps = 1e-5f;
           a.weight_bias = weight_bias;
-          if (with_norm_out || P == Pattern::ResidualRmsNorm) {
+          if (with_norm_out || P == Pattern::ResidualRmsNorm || P == Pattern::RmsNorm) {
             o.norm_out.resize(count);
             a.norm_out = in_place ? in.data() : o.norm_out.data();
           }
@@ -83,7 +85,7 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
           if constexpr (P == Pattern::AllReduce) {
             o.out = in;
           } else {
-            o.residual_out = residual;
+            if constexpr (P != Pattern::RmsNorm) o.residual_out = residual;
             if (!o.norm_out.empty()) o.norm_out = in;
           }
         }

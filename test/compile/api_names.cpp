@@ -43,7 +43,12 @@ static_assert(requires(const Topology& t) {
 
 // Strategies, patterns, fusion.
 static_assert(to_string(Strategy::TwoShot) == "twoshot" &&
-              to_string(Pattern::ResidualRmsNorm) == std::string_view("residual_rmsnorm"));
+              to_string(Pattern::ResidualRmsNorm) == std::string_view("residual_rmsnorm") &&
+              to_string(Pattern::RmsNorm) == std::string_view("rmsnorm"));
+// RmsNorm: a norm without a residual (in, gamma, norm_out).
+static_assert(pattern_traits(Pattern::RmsNorm).norm &&
+              pattern_traits(Pattern::RmsNorm).use[static_cast<int>(FusedTensor::ResidualIn)] == TensorUse::Unused &&
+              pattern_traits(Pattern::RmsNorm).use[static_cast<int>(FusedTensor::NormOut)] == TensorUse::Required);
 static_assert(default_oneshot_max_bytes(90, 8) == 128 * 1024 &&
               default_oneshot_max_bytes(Backend::Mnnvl, 90, 8) == 131072);
 static_assert(choose_strategy(8, 16, 1 << 20, 1 << 19) == Strategy::TwoShot);

@@ -290,8 +290,10 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
   if constexpr (P == Pattern::AllReduce) {
     a.out = c.in_place ? b.in.p : b.out.p;
   } else {
-    a.residual_in = b.residual.p;
-    a.residual_out = c.in_place ? b.residual.p : b.residual_out.p;
+    if constexpr (P != Pattern::RmsNorm) {
+      a.residual_in = b.residual.p;
+      a.residual_out = c.in_place ? b.residual.p : b.residual_out.p;
+    }
     a.gamma = b.gamma.p;
     a.eps = kFusedEps;
     a.weight_bias = c.weight_bias;
@@ -323,7 +325,8 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
   if constexpr (P == Pattern::AllReduce) {
     download(o.out, c.in_place ? b.in.p : b.out.p, count, stream);
   } else {
-    download(o.residual_out, c.in_place ? b.residual.p : b.residual_out.p, count, stream);
+    if constexpr (P != Pattern::RmsNorm)
+      download(o.residual_out, c.in_place ? b.residual.p : b.residual_out.p, count, stream);
     download(o.norm_out, c.in_place ? b.in.p : b.norm_out.p, count, stream);
   }
   if constexpr (fp8 || nvfp4) download(o.quant, b.quant.p, quant_bytes, stream);

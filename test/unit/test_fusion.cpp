@@ -27,6 +27,7 @@ TEMPLATE_TEST_CASE("every pattern x world size x hidden size matches the referen
   const Strategy strategy = world == 4 ? Strategy::TwoShot : Strategy::OneShot;
   run_and_check<Pattern::AllReduce, TestType>(s, strategy, false);
   run_and_check<Pattern::ResidualRmsNorm, TestType>(s, strategy, true);
+  run_and_check<Pattern::RmsNorm, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, strategy, true);
   if constexpr (sizeof(TestType) == 2) run_and_check<Pattern::ResidualRmsNormNvfp4, TestType>(s, strategy, true);
@@ -81,4 +82,48 @@ TEST_CASE("NVFP4: token counts around 128 (row padding) and both scale layouts",
   const int tokens = GENERATE(1, 127, 128, 130);
   const auto layout = GENERATE(fiar::ScaleLayout::Swizzled128x4, fiar::ScaleLayout::Linear);
   run_and_check<Pattern::ResidualRmsNormNvfp4, __half>({2, tokens, 80}, Strategy::Auto, true, layout, 0.0f, 336.0f);
+}
+
+// RmsNorm's math is ResidualRmsNorm's with a zero residual (T(sum + 0) is the sum: no element of it is -0), so its
+// norm_out must be the same bits, on every strategy and in place or not (its y staged in norm_out when a lane owns
+// several vectors: hidden 16 x 19 over 8 lanes).
+TEST_CASE("rmsnorm: norm_out is residual_rmsnorm's with a zero residual, bit for bit", "[fusion]") {
+  using T = __nv_bfloat16;
+  const Strategy strategy = GENERATE(Strategy::OneShot, Strategy::TwoShot, Strategy::Nccl);
+  const bool in_place = GENERATE(false, true);
+  CAPTURE(fiar::to_string(strategy), in_place);
+  const int world = 3, tokens = 5, hidden = 16 * 19;
+  const std::size_t count = static_cast<std::size_t>(tokens) * hidden;
+  std::vector<int> differing(world, -1);
+  auto errors = fiar_test::run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    fiar::WorkspaceConfig cfg{.max_token_num = tokens, .hidden_dim = hidden, .oneshot_at_max_tokens = true};
+    if (strategy == Strategy::Nccl) cfg.nccl_min_bytes = count * sizeof(T);
+    fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform> ws(
+        boot, fiar_test::one_node(world, rank, fiar_test::kFusedArch), cfg,
+        fiar::HostPlatformOptions{.blocks = 2, .lanes = 8, .cluster = 2});
+    const std::vector<T> in = fiar_test::make_input<T>(count, rank, 0, false);
+    const std::vector<T> gamma = fiar_test::gamma_of<T>(hidden);
+    std::vector<T> zeros(count, fiar_test::from_float<T>(0.0f)), residual_out(count), with_residual(count);
+    std::vector<T> x = in, alone(count);
+    fiar::FusedArgs<T> a{.in = x.data(),
+                         .num_tokens = tokens,
+                         .gamma = gamma.data(),
+                         .eps = 1e-5f,
+                         .norm_out = in_place ? x.data() : alone.data()};
+    ws.run<Pattern::RmsNorm>(a, nullptr, strategy);
+    if (in_place) alone = x;
+    fiar::FusedArgs<T> b{.in = in.data(),
+                         .num_tokens = tokens,
+                         .residual_in = zeros.data(),
+                         .residual_out = residual_out.data(),
+                         .gamma = gamma.data(),
+                         .eps = 1e-5f,
+                         .norm_out = with_residual.data()};
+    ws.run<Pattern::ResidualRmsNorm>(b, nullptr, strategy);
+    int d = 0;
+    for (std::size_t i = 0; i < count; ++i) d += fiar_test::bits(alone[i]) != fiar_test::bits(with_residual[i]);
+    differing[static_cast<std::size_t>(rank)] = d;
+  });
+  fiar_test::require_no_errors(errors);
+  for (int d : differing) CHECK(d == 0);
 }

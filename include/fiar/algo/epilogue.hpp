@@ -138,7 +138,11 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
     // norm's bits depend on hidden_dim and dtype alone, never on the launch shape or the batch. Lanes walk the token
     // in runs of 32 consecutive vectors (a warp on the GPU: its lanes hold one chunk of the canonical sum). The
     // residual is loaded before the sum is fetched (which may wait); a lane that owns one vector keeps y in registers.
+    // Without a residual (RmsNorm) y is the sum itself; a lane that owns several vectors stages it in norm_out, the
+    // elements it then overwrites with the norm (the same lane, the same addresses: no other lane reads them).
+    constexpr bool kResidual = kTraits.use[static_cast<int>(FusedTensor::ResidualIn)] != TensorUse::Unused;
     const bool single = first < vecs_per_token && first + step >= vecs_per_token;
+    T* const staged = kResidual ? e.residual_out : e.norm_out;
     const int sub = ctx.lane() % exec::kTokenSumChunk;
     Vec16 kept{};
     // A lane that owns one vector loads its gamma (weights: no earlier kernel writes them) before the sum is fetched,
@@ -149,22 +153,27 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
       const int v = v0 + sub;
       float squares = 0.0f;
       if (v < vecs_per_token) {
-        const Vec16 rv = load_row(e.residual_in, token, vecs_per_token, v);
-        const Elems<T> a = unpack<T>(fetch(v));
-        const Elems<T> r = unpack<T>(rv);
         Elems<T> y;
+        if constexpr (kResidual) {
+          const Vec16 rv = load_row(e.residual_in, token, vecs_per_token, v);
+          const Elems<T> a = unpack<T>(fetch(v));
+          const Elems<T> r = unpack<T>(rv);
+          FIAR_UNROLL
+          for (int i = 0; i < kE; ++i) y.e[i] = from_float<T>(to_float(a.e[i]) + to_float(r.e[i]));
+        } else {
+          y = unpack<T>(fetch(v));
+        }
         FIAR_UNROLL
         for (int i = 0; i < kE; ++i) {
-          y.e[i] = from_float<T>(to_float(a.e[i]) + to_float(r.e[i]));
           const float f = to_float(y.e[i]);
           squares = fma_rn(f, f, squares);
         }
         kept = repack<T>(y);
-        store_row(e.residual_out, token, vecs_per_token, v, kept);
+        if (kResidual || !single) store_row(staged, token, vecs_per_token, v, kept);
       }
       ctx.token_sum_add(v, squares);
     }
-    auto y_of = [&](int v) { return single ? kept : load_row(e.residual_out, token, vecs_per_token, v); };
+    auto y_of = [&](int v) { return single ? kept : load_row(staged, token, vecs_per_token, v); };
     auto gamma_of = [&](int v) { return single ? kept_gamma : gamma_vec(e, v); };
     const int hidden = vecs_per_token * kE;
     // The same fp64 value either way (1 / H rounded once), so the bits do not depend on who computed it.

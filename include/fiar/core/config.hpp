@@ -88,12 +88,12 @@ struct FusedArgs {
   const T* in = nullptr;  ///< this rank's contribution
   int num_tokens = 0;
   T* out = nullptr;                 ///< Pattern::AllReduce: the sum (may equal in)
-  const T* residual_in = nullptr;   ///< norm patterns
-  T* residual_out = nullptr;        ///< norm patterns: sum + residual_in (may equal residual_in)
+  const T* residual_in = nullptr;   ///< residual patterns (ResidualRmsNorm*)
+  T* residual_out = nullptr;        ///< residual patterns: sum + residual_in (may equal residual_in)
   const T* gamma = nullptr;         ///< norm patterns: [hidden_dim]
   float eps = 1e-6f;                ///< RMSNorm epsilon
   float weight_bias = 0.0f;         ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
-  T* norm_out = nullptr;            ///< ResidualRmsNorm: required; quant patterns: optional (may equal in)
+  T* norm_out = nullptr;            ///< ResidualRmsNorm, RmsNorm: required; quant patterns: optional (may equal in)
   void* quant_out = nullptr;        ///< fp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
   const float* scale = nullptr;     ///< fp8 static: the per-tensor scale; nvfp4: the global scale (device scalar)
   float* scale_out = nullptr;       ///< fp8 dynamic: [num_tokens] per-token scales

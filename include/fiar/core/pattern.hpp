@@ -16,17 +16,20 @@
 #define FIAR_FOR_EACH_PATTERN(X, ...) \
   X(__VA_ARGS__, AllReduce)           \
   X(__VA_ARGS__, ResidualRmsNorm)     \
-  X(__VA_ARGS__, ResidualRmsNormFp8) X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) X(__VA_ARGS__, ResidualRmsNormNvfp4)
+  X(__VA_ARGS__, ResidualRmsNormFp8)  \
+  X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) X(__VA_ARGS__, ResidualRmsNormNvfp4) X(__VA_ARGS__, RmsNorm)
 
 FIAR_BEGIN_NAMESPACE
 
-/// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5).
+/// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5;
+/// TensorRT-LLM's AllReduceFusionOp 9 for RmsNorm).
 enum class Pattern {
   AllReduce,                  ///< out = sum
   ResidualRmsNorm,            ///< residual_out = sum + residual_in; norm_out = RMSNorm(residual_out)
   ResidualRmsNormFp8,         ///< ... then quant_out = e4m3(norm / scale), static per-tensor scale
   ResidualRmsNormFp8Dynamic,  ///< ... then per-token e4m3 with scale_out[token] = max(amax / 448, 1/(512*448))
   ResidualRmsNormNvfp4,       ///< ... then NVFP4: e2m1 values in 16-element blocks, e4m3 block scales (sm_100+)
+  RmsNorm,                    ///< norm_out = RMSNorm(sum): no residual in or out
 };
 
 /// Where the NVFP4 block scales of token m, 16-element block k go.
@@ -54,7 +57,7 @@ inline constexpr const char* kFusedTensorNames[kFusedTensorCount] = {
 struct PatternTraits {
   Pattern pattern;
   const char* name;     ///< to_string(pattern)
-  bool norm;            ///< residual add + RMSNorm after the sum
+  bool norm;            ///< RMSNorm after the sum (after the residual add where the row uses residual_in)
   Quant quant;          ///< what is quantized after the norm
   int min_arch;         ///< lowest compute capability x10 (0: any)
   bool needs_16bit;     ///< half or bf16 input only
@@ -88,6 +91,10 @@ inline constexpr PatternTraits kPatternTable[] = {
      {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Required, U::Unused,
       U::Required},
      "NVFP4", "residual_rmsnorm_fp8 or _fp8_dynamic"},
+    {Pattern::RmsNorm, "rmsnorm", true, Quant::None, 0, false, 1,
+     {U::Required, U::Unused, U::Unused, U::Unused, U::Required, U::Required, U::Unused, U::Unused, U::Unused,
+      U::Unused},
+     "", ""},
 };
 // clang-format on
 inline constexpr int kPatternCount = static_cast<int>(std::size(kPatternTable));
