@@ -53,7 +53,8 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
   --strategy auto|oneshot|twoshot|multimem|nccl   (default auto; multimem: the in-switch reduction, mnnvl only;
                             nccl: ncclAllReduce inside the workspace, its NCCL route)
   --pattern NAME            allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic,
-                            residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+) or rmsnorm (default allreduce)
+                            residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+), rmsnorm or
+                            residual_rmsnorm_prepost (default allreduce)
   -h, --help                this text
   --version                 fiar-demo's version
 

@@ -254,28 +254,52 @@ T round_to(float x) {
 }
 
 // Verifies one call of a fused pattern on one rank: residual_out bit-exact against the fp32 rank-order sum
-// plus the residual (RmsNorm: no residual, the sum is normalized); norm_out within one ulp of T of the fp64 RMSNorm
-// (plus one subnormal step of T, for results that round into T's subnormal range); the quantized outputs bit-exact
-// against the quantization of the kernel's own norm_out.
+// plus the residual (RmsNorm: no residual, the sum is normalized; the pre/post norm: residual_out within the norm's
+// bound of the first norm of the sum plus the residual, the second norm from the kernel's residual_out); norm_out
+// within one ulp of T of the fp64 RMSNorm (plus one subnormal step of T, for results that round into T's subnormal
+// range); the quantized outputs bit-exact against the quantization of the kernel's own norm_out.
 template <class T>
 void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int it, const std::vector<T>& residual,
                   const std::vector<T>& gamma, const std::vector<T>& residual_out, const std::vector<T>& norm,
                   const std::vector<std::uint8_t>& quant, const std::vector<float>& scale_out,
-                  const std::vector<std::uint8_t>& block_scales, float scale, Check& res) {
+                  const std::vector<std::uint8_t>& block_scales, float scale, const std::vector<T>& gamma_pre,
+                  Check& res) {
   const int H = hidden;
   const double ulp = unit_roundoff<T>() * 2;
+  const bool prepost = pattern == fiar::Pattern::ResidualRmsNormPrePost;
   for (int t = 0; t < tokens; ++t) {
     double squares = 0;
     std::vector<float> y(static_cast<std::size_t>(H));
-    for (int h = 0; h < H; ++h) {
-      const std::size_t i = static_cast<std::size_t>(t) * H + h;
+    auto sum_at = [&](std::size_t i) {
       float acc = 0.0f;
       for (int r = 0; r < world; ++r) acc += f32(round_to<T>(input_value(r, it, i))) + 0.0f;
       T sum = round_to<T>(acc);
       if (f32(sum) == 0.0f) sum = round_to<T>(0.0f);
+      return sum;
+    };
+    double pre_inv_rms = 0;
+    if (prepost) {
+      double ss = 0;
+      for (int h = 0; h < H; ++h)
+        ss += static_cast<double>(f32(sum_at(static_cast<std::size_t>(t) * H + h))) *
+              f32(sum_at(static_cast<std::size_t>(t) * H + h));
+      pre_inv_rms = 1.0 / std::sqrt(ss / H + 1e-6);
+    }
+    for (int h = 0; h < H; ++h) {
+      const std::size_t i = static_cast<std::size_t>(t) * H + h;
+      const T sum = sum_at(i);
       const bool with_residual = pattern != fiar::Pattern::RmsNorm;
-      const T yy = with_residual ? round_to<T>(f32(sum) + f32(residual[i])) : sum;
-      if (with_residual && f32(yy) != f32(residual_out[i])) ++res.mismatches;
+      T yy = with_residual ? round_to<T>(f32(sum) + f32(residual[i])) : sum;
+      if (prepost) {
+        const double p = f32(sum) * pre_inv_rms * f32(gamma_pre[static_cast<std::size_t>(h)]);
+        const double got = f32(residual_out[i]);
+        if (std::fabs(got - (p + f32(residual[i]))) >
+            ulp * (std::fabs(p) + std::fabs(got)) + 1e-6 * std::fabs(p) + 2 * subnormal_step<T>())
+          ++res.mismatches;
+        yy = residual_out[i];
+      } else if (with_residual && f32(yy) != f32(residual_out[i])) {
+        ++res.mismatches;
+      }
       y[static_cast<std::size_t>(h)] = f32(yy);
       squares += static_cast<double>(f32(yy)) * f32(yy);
     }
@@ -337,7 +361,7 @@ struct CallTensors {
   int tokens, hidden;
   std::size_t count, bytes, quant_bytes, sf_bytes;
   float scale = nvfp4 ? 448.0f * 6.0f / 4.0f : 0.01f;  // nvfp4 global scale, or the static fp8 scale
-  std::vector<T> host_in, out, residual, gamma, norm, residual_out;
+  std::vector<T> host_in, out, residual, gamma, gamma_pre, norm, residual_out;
   std::vector<std::uint8_t> quant, block_scales;
   std::vector<float> scale_out;
   fiar::FusedArgs<T> a;
@@ -353,13 +377,16 @@ struct CallTensors {
         out(count),
         residual(count),
         gamma(static_cast<std::size_t>(hidden_dim)),
+        gamma_pre(static_cast<std::size_t>(hidden_dim)),
         norm(count),
         residual_out(count),
         quant(quant_bytes),
         block_scales(sf_bytes),
         scale_out(static_cast<std::size_t>(num_tokens)) {
-    for (int h = 0; h < hidden; ++h)
+    for (int h = 0; h < hidden; ++h) {
       gamma[static_cast<std::size_t>(h)] = round_to<T>(0.5f + 0.125f * static_cast<float>(h % 5));
+      gamma_pre[static_cast<std::size_t>(h)] = round_to<T>(0.75f + 0.125f * static_cast<float>(h % 3));
+    }
     a.num_tokens = tokens;
     a.in = static_cast<T*>(mem.alloc(bytes));
     a.eps = 1e-6f;
@@ -369,6 +396,10 @@ struct CallTensors {
     if (used(fiar::FusedTensor::Gamma)) {
       a.gamma = static_cast<T*>(mem.alloc(static_cast<std::size_t>(hidden) * sizeof(T)));
       mem.upload(const_cast<T*>(a.gamma), gamma.data(), gamma.size() * sizeof(T));
+    }
+    if (used(fiar::FusedTensor::GammaPre)) {
+      a.gamma_pre = static_cast<T*>(mem.alloc(static_cast<std::size_t>(hidden) * sizeof(T)));
+      mem.upload(const_cast<T*>(a.gamma_pre), gamma_pre.data(), gamma_pre.size() * sizeof(T));
     }
     if (used(fiar::FusedTensor::NormOut)) a.norm_out = static_cast<T*>(mem.alloc(bytes));
     if (used(fiar::FusedTensor::Scale)) {
@@ -405,7 +436,7 @@ struct CallTensors {
       if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
       if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
       verify_fused<T>(P, tokens, hidden, world, it, residual, gamma, residual_out, norm, quant, scale_out, block_scales,
-                      scale, res);
+                      scale, gamma_pre, res);
     }
   }
 

@@ -53,12 +53,24 @@ template <class T>
 std::vector<T> residual_of(std::size_t count, int call) {
   return make_input<T>(count, 1000, call, false);
 }
+// Norm weights: base + step x ((i x stride) mod period) / (period - 1), exact in every T.
+template <class T>
+std::vector<T> weights_of(int hidden, float base, float step, int stride, int period) {
+  std::vector<T> g(static_cast<std::size_t>(hidden));
+  for (int i = 0; i < hidden; ++i) {
+    g[static_cast<std::size_t>(i)] =
+        from_float<T>(base + step * static_cast<float>((i * stride) % period) / static_cast<float>(period - 1));
+  }
+  return g;
+}
 template <class T>
 std::vector<T> gamma_of(int hidden) {
-  std::vector<T> g(static_cast<std::size_t>(hidden));
-  for (int i = 0; i < hidden; ++i)
-    g[static_cast<std::size_t>(i)] = from_float<T>(0.5f + 0.25f * static_cast<float>((i * 7) % 9) / 8.0f);
-  return g;
+  return weights_of<T>(hidden, 0.5f, 0.25f, 7, 9);
+}
+// The first norm's weights of the pre/post norm (ResidualRmsNormPrePost): other values than gamma_of's.
+template <class T>
+std::vector<T> gamma_pre_of(int hidden) {
+  return weights_of<T>(hidden, 0.75f, 0.125f, 5, 7);
 }
 
 // Checks that every rank's outputs are bit-identical to rank 0's, and rank 0's against the reference.
@@ -93,15 +105,39 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
     const std::vector<T> gamma = gamma_of<T>(s.hidden);
     const double ulp = unit_roundoff<T>() * 2;
     constexpr bool kResidual = P != fiar::Pattern::RmsNorm;
+    constexpr bool kPrePost = P == fiar::Pattern::ResidualRmsNormPrePost;
+    const std::vector<T> gamma_pre = gamma_pre_of<T>(s.hidden);
     CHECK(o.residual_out.empty() == !kResidual);
+    int far_pre = 0;
     for (int t = 0; t < s.tokens; ++t) {
-      // Residual add: bit-exact (one fp32 add, one rounding); RmsNorm normalizes the sum itself.
+      // Residual add: bit-exact (one fp32 add, one rounding); RmsNorm normalizes the sum itself; the pre/post norm
+      // adds the residual to the first norm of the sum (checked within the norm's bound; the second norm then starts
+      // from the kernel's residual_out).
       std::vector<T> y(static_cast<std::size_t>(s.hidden));
       double squares = 0;
+      double pre_inv_rms = 0;
+      if constexpr (kPrePost) {
+        double ss = 0;
+        for (int h = 0; h < s.hidden; ++h) {
+          const double x = as_float(sum[static_cast<std::size_t>(t) * s.hidden + h]);
+          ss += x * x;
+        }
+        pre_inv_rms = 1.0 / std::sqrt(ss / s.hidden + 1e-5);
+      }
       for (int h = 0; h < s.hidden; ++h) {
         const std::size_t i = static_cast<std::size_t>(t) * s.hidden + h;
-        y[static_cast<std::size_t>(h)] = kResidual ? from_float<T>(as_float(sum[i]) + as_float(residual[i])) : sum[i];
-        if (kResidual) mismatches += bits(o.residual_out[i]) != bits(y[static_cast<std::size_t>(h)]);
+        if constexpr (kPrePost) {
+          const double p =
+              as_float(sum[i]) * pre_inv_rms * (weight_bias + as_float(gamma_pre[static_cast<std::size_t>(h)]));
+          const double got = as_float(o.residual_out[i]), want = p + as_float(residual[i]);
+          if (std::fabs(got - want) >
+              ulp * (std::fabs(p) + std::fabs(got)) + 1e-6 * std::fabs(p) + 2 * error_bound<T>(0.0, 0.0, 1))
+            ++far_pre;
+          y[static_cast<std::size_t>(h)] = o.residual_out[i];
+        } else {
+          y[static_cast<std::size_t>(h)] = kResidual ? from_float<T>(as_float(sum[i]) + as_float(residual[i])) : sum[i];
+          if (kResidual) mismatches += bits(o.residual_out[i]) != bits(y[static_cast<std::size_t>(h)]);
+        }
         squares +=
             static_cast<double>(as_float(y[static_cast<std::size_t>(h)])) * as_float(y[static_cast<std::size_t>(h)]);
       }
@@ -124,7 +160,7 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
       }
       CHECK(far == 0);
       CHECK(o.norm_out.empty() ==
-            !(with_norm_out || P == fiar::Pattern::ResidualRmsNorm || P == fiar::Pattern::RmsNorm));
+            !(with_norm_out || P == fiar::Pattern::ResidualRmsNorm || P == fiar::Pattern::RmsNorm || kPrePost));
       if (o.norm_out.empty()) {
         // Without norm_out, the FP8 codes are checked against the reference norm: within one e4m3 step
         // (2^-3 relative, 2^-9 absolute near zero) plus one rounding of T.
@@ -176,6 +212,7 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
       }
     }
     CHECK(mismatches == 0);
+    CHECK(far_pre == 0);
     if constexpr (P == fiar::Pattern::ResidualRmsNormNvfp4) {
       if (layout == fiar::ScaleLayout::Swizzled128x4) {  // padding rows and columns are zero
         const int cols = s.hidden / 16, padded_cols = (cols + 3) / 4 * 4, padded_rows = (s.tokens + 127) / 128 * 128;

@@ -42,7 +42,7 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
         Outputs<T>& o = result[static_cast<std::size_t>(r)];
         std::vector<T> in = fiar_test::make_input<T>(count, r, 0, false);
         std::vector<T> residual = residual_of<T>(count, 0);
-        const std::vector<T> gamma = gamma_of<T>(s.hidden);
+        const std::vector<T> gamma = gamma_of<T>(s.hidden), gamma_pre = gamma_pre_of<T>(s.hidden);
         const float scale_value = scale;
         fiar::FusedArgs<T> a;
         a.in = in.data();
@@ -59,7 +59,9 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
           a.gamma = gamma.data();
           a.eps = 1e-5f;
           a.weight_bias = weight_bias;
-          if (with_norm_out || P == Pattern::ResidualRmsNorm || P == Pattern::RmsNorm) {
+          if constexpr (P == Pattern::ResidualRmsNormPrePost) a.gamma_pre = gamma_pre.data();
+          if (with_norm_out || P == Pattern::ResidualRmsNorm || P == Pattern::RmsNorm ||
+              P == Pattern::ResidualRmsNormPrePost) {
             o.norm_out.resize(count);
             a.norm_out = in_place ? in.data() : o.norm_out.data();
           }

@@ -49,6 +49,11 @@ static_assert(to_string(Strategy::TwoShot) == "twoshot" &&
 static_assert(pattern_traits(Pattern::RmsNorm).norm &&
               pattern_traits(Pattern::RmsNorm).use[static_cast<int>(FusedTensor::ResidualIn)] == TensorUse::Unused &&
               pattern_traits(Pattern::RmsNorm).use[static_cast<int>(FusedTensor::NormOut)] == TensorUse::Required);
+// The pre/post norm: both weights (gamma_pre, gamma) and the residual.
+static_assert(to_string(Pattern::ResidualRmsNormPrePost) == std::string_view("residual_rmsnorm_prepost") &&
+              pattern_traits(Pattern::ResidualRmsNormPrePost).use[static_cast<int>(FusedTensor::GammaPre)] ==
+                  TensorUse::Required &&
+              std::same_as<decltype(FusedArgs<float>{}.gamma_pre), const float*>);
 static_assert(default_oneshot_max_bytes(90, 8) == 128 * 1024 &&
               default_oneshot_max_bytes(Backend::Mnnvl, 90, 8) == 131072);
 static_assert(choose_strategy(8, 16, 1 << 20, 1 << 19) == Strategy::TwoShot);

@@ -212,7 +212,7 @@ inline constexpr float kFusedEps = 1e-5f;  // what check_pattern assumes
 // while a peer's kernel waits for it).
 template <class T>
 struct FusedBuffers {
-  DeviceBuffer<T> in, residual, out, residual_out, norm_out, gamma;
+  DeviceBuffer<T> in, residual, out, residual_out, norm_out, gamma, gamma_pre;
   DeviceBuffer<std::uint8_t> quant, block_scales;
   DeviceBuffer<float> scale, scale_out;
   FusedBuffers(int max_tokens, int hidden, std::size_t block_scale_bytes)
@@ -222,15 +222,18 @@ struct FusedBuffers {
         residual_out(count(max_tokens, hidden)),
         norm_out(count(max_tokens, hidden)),
         gamma(static_cast<std::size_t>(hidden)),
+        gamma_pre(static_cast<std::size_t>(hidden)),
         quant(count(max_tokens, hidden)),
         block_scales(block_scale_bytes),
         scale(1),
         scale_out(static_cast<std::size_t>(max_tokens)) {}
 
-  // gamma_of(hidden) and the device scalar `scale` (the static FP8 scale, the NVFP4 global scale), ready on return.
+  // gamma_of(hidden), gamma_pre_of(hidden) and the device scalar `scale` (the static FP8 scale, the NVFP4 global
+  // scale), ready on return.
   void set_constants(int hidden, float scale_value, cudaStream_t stream) {
-    const std::vector<T> g = gamma_of<T>(hidden);
+    const std::vector<T> g = gamma_of<T>(hidden), gp = gamma_pre_of<T>(hidden);
     upload(gamma.p, g, stream);
+    upload(gamma_pre.p, gp, stream);
     GPU_CHECK(cudaMemcpyAsync(scale.p, &scale_value, sizeof(float), cudaMemcpyHostToDevice, stream));
     GPU_CHECK(cudaStreamSynchronize(stream));
   }
@@ -295,6 +298,7 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
       a.residual_out = c.in_place ? b.residual.p : b.residual_out.p;
     }
     a.gamma = b.gamma.p;
+    if constexpr (P == Pattern::ResidualRmsNormPrePost) a.gamma_pre = b.gamma_pre.p;
     a.eps = kFusedEps;
     a.weight_bias = c.weight_bias;
     a.norm_out = c.in_place ? b.in.p : b.norm_out.p;

@@ -72,6 +72,7 @@ void with_pattern(Pattern p, F&& f) {
       return;
     case Pattern::ResidualRmsNormNvfp4: f(std::integral_constant<Pattern, Pattern::ResidualRmsNormNvfp4>{}); return;
     case Pattern::RmsNorm: f(std::integral_constant<Pattern, Pattern::RmsNorm>{}); return;
+    case Pattern::ResidualRmsNormPrePost: f(std::integral_constant<Pattern, Pattern::ResidualRmsNormPrePost>{}); return;
   }
   throw std::logic_error("unknown pattern");
 }
@@ -172,7 +173,7 @@ std::vector<Case> every_pattern(int tokens, bool in_place, int arch) {
   std::vector<Case> cases;
   for (const Strategy s : {Strategy::OneShot, Strategy::TwoShot}) {
     for (const Pattern p : {Pattern::AllReduce, Pattern::ResidualRmsNorm, Pattern::ResidualRmsNormFp8,
-                            Pattern::ResidualRmsNormFp8Dynamic, Pattern::RmsNorm}) {
+                            Pattern::ResidualRmsNormFp8Dynamic, Pattern::RmsNorm, Pattern::ResidualRmsNormPrePost}) {
       cases.push_back(make_case(p, s, tokens, fiar::ScaleLayout::Swizzled128x4, in_place, ""));
     }
     add_nvfp4_cases<T>(cases, s, arch, in_place);

@@ -214,7 +214,8 @@ FIAR_CASE_TEST("in place: out may alias in", "", Cases) {
   for (std::size_t c = 0; c < ran.size(); ++c) CHECK(ran[c] == schedule[c % schedule.size()]);
 }
 
-// RmsNorm (no residual) rides along, in place and not, with weight_bias 0 and 1: every backend, dtype and strategy.
+// RmsNorm (no residual) and the pre/post norm ride along, in place and not, with weight_bias 0 and 1: every backend,
+// dtype and strategy.
 FIAR_CASE_TEST("in place fused: out == in, norm_out == in, residual_out == residual_in", "", Cases) {
   using C = TestType;
   using T = typename C::value_type;
@@ -226,6 +227,8 @@ FIAR_CASE_TEST("in place fused: out == in, norm_out == in, residual_out == resid
   fiar_test::run_and_check<Pattern::ResidualRmsNorm, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
   fiar_test::run_and_check<Pattern::RmsNorm, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
   fiar_test::run_and_check<Pattern::RmsNorm, T, P>(s, strategy, true, {}, 1.0f, 1.0f, false, topo);
+  fiar_test::run_and_check<Pattern::ResidualRmsNormPrePost, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
+  fiar_test::run_and_check<Pattern::ResidualRmsNormPrePost, T, P>(s, strategy, true, {}, 1.0f, 1.0f, false, topo);
   fiar_test::run_and_check<Pattern::ResidualRmsNormFp8Dynamic, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
   if constexpr (sizeof(T) == 2) {
     fiar_test::run_and_check<Pattern::ResidualRmsNormNvfp4, T, P>(s, strategy, true, {}, 0.0f, 100.0f, true, topo);

@@ -28,6 +28,7 @@ TEMPLATE_TEST_CASE("every pattern x world size x hidden size matches the referen
   run_and_check<Pattern::AllReduce, TestType>(s, strategy, false);
   run_and_check<Pattern::ResidualRmsNorm, TestType>(s, strategy, true);
   run_and_check<Pattern::RmsNorm, TestType>(s, strategy, true);
+  run_and_check<Pattern::ResidualRmsNormPrePost, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, strategy, true);
   if constexpr (sizeof(TestType) == 2) run_and_check<Pattern::ResidualRmsNormNvfp4, TestType>(s, strategy, true);
@@ -122,6 +123,61 @@ TEST_CASE("rmsnorm: norm_out is residual_rmsnorm's with a zero residual, bit for
     ws.run<Pattern::ResidualRmsNorm>(b, nullptr, strategy);
     int d = 0;
     for (std::size_t i = 0; i < count; ++i) d += fiar_test::bits(alone[i]) != fiar_test::bits(with_residual[i]);
+    differing[static_cast<std::size_t>(rank)] = d;
+  });
+  fiar_test::require_no_errors(errors);
+  for (int d : differing) CHECK(d == 0);
+}
+
+// The pre/post norm is RmsNorm (gamma_pre) of the sum followed by residual_rmsnorm of that, bit for bit: each rank
+// recomputes it from the group's sum with both patterns on a workspace of its own (one rank: the all-reduce is the
+// identity) and compares residual_out and norm_out with the group's pre/post call, on every strategy.
+TEST_CASE("residual_rmsnorm_prepost: rmsnorm with gamma_pre, then residual_rmsnorm, bit for bit", "[fusion]") {
+  using T = __nv_bfloat16;
+  const Strategy strategy = GENERATE(Strategy::OneShot, Strategy::TwoShot, Strategy::Nccl);
+  const float weight_bias = GENERATE(0.0f, 1.0f);
+  CAPTURE(fiar::to_string(strategy), weight_bias);
+  const int world = 3, tokens = 5, hidden = 16 * 19;
+  const std::size_t count = static_cast<std::size_t>(tokens) * hidden;
+  std::vector<int> differing(world, -1);
+  auto errors = fiar_test::run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    const fiar::HostPlatformOptions grid{.blocks = 2, .lanes = 8, .cluster = 2};
+    fiar::WorkspaceConfig cfg{.max_token_num = tokens, .hidden_dim = hidden, .oneshot_at_max_tokens = true};
+    if (strategy == Strategy::Nccl) cfg.nccl_min_bytes = count * sizeof(T);
+    fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform> ws(
+        boot, fiar_test::one_node(world, rank, fiar_test::kFusedArch), cfg, grid);
+    const std::vector<T> in = fiar_test::make_input<T>(count, rank, 0, false);
+    const std::vector<T> residual = fiar_test::residual_of<T>(count, 0);
+    const std::vector<T> gamma = fiar_test::gamma_of<T>(hidden), gamma_pre = fiar_test::gamma_pre_of<T>(hidden);
+    std::vector<T> sum(count), z(count), n(count);
+    auto norm_call = [&](const T* x, const T* residual_in, T* residual_out, const T* g, T* norm) {
+      return fiar::FusedArgs<T>{.in = x,
+                                .num_tokens = tokens,
+                                .residual_in = residual_in,
+                                .residual_out = residual_out,
+                                .gamma = g,
+                                .eps = 1e-5f,
+                                .weight_bias = weight_bias,
+                                .norm_out = norm};
+    };
+    ws.allreduce(in.data(), sum.data(), tokens, nullptr, strategy);
+    fiar::FusedArgs<T> prepost = norm_call(in.data(), residual.data(), z.data(), gamma.data(), n.data());
+    prepost.gamma_pre = gamma_pre.data();
+    ws.run<Pattern::ResidualRmsNormPrePost>(prepost, nullptr, strategy);
+    // The same from the sum, alone.
+    fiar::InProcessGroup alone(1);
+    auto solo_boot = alone.bootstrap(0);
+    fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform> solo(
+        solo_boot, fiar_test::one_node(1, 0, fiar_test::kFusedArch), {.max_token_num = tokens, .hidden_dim = hidden},
+        grid);
+    std::vector<T> p(count), z1(count), n1(count);
+    solo.run<Pattern::RmsNorm>(norm_call(sum.data(), nullptr, nullptr, gamma_pre.data(), p.data()));
+    solo.run<Pattern::ResidualRmsNorm>(norm_call(p.data(), residual.data(), z1.data(), gamma.data(), n1.data()));
+    int d = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      d += fiar_test::bits(z[i]) != fiar_test::bits(z1[i]);
+      d += fiar_test::bits(n[i]) != fiar_test::bits(n1[i]);
+    }
     differing[static_cast<std::size_t>(rank)] = d;
   });
   fiar_test::require_no_errors(errors);

@@ -176,6 +176,7 @@ std::vector<std::vector<std::vector<std::uint8_t>>> probe(
           }
           o.norm_out.resize(count);
           a.gamma = gamma.data();
+          if constexpr (P == Pattern::ResidualRmsNormPrePost) a.gamma_pre = gamma.data();
           a.norm_out = o.norm_out.data();
           a.eps = 1e-5f;
         }
@@ -263,6 +264,7 @@ FIAR_CASE_TEST("a row's output bytes are the same alone and anywhere in a batch 
   if constexpr (C::backend == fiar::Backend::Trtllm) {
     check_invariance<Pattern::ResidualRmsNorm, C>();
     check_invariance<Pattern::RmsNorm, C>();
+    check_invariance<Pattern::ResidualRmsNormPrePost, C>();
     check_invariance<Pattern::ResidualRmsNormFp8, C>();
     if constexpr (sizeof(typename C::value_type) == 2) check_invariance<Pattern::ResidualRmsNormNvfp4, C>();
   }

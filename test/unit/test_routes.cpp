@@ -179,6 +179,7 @@ TEMPLATE_TEST_CASE("routes: every fused pattern through the NCCL route matches t
   run_and_check<Pattern::AllReduce, TestType, TrtllmPolicy>(s, Strategy::Nccl, false);
   run_and_check<Pattern::ResidualRmsNorm, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
   run_and_check<Pattern::RmsNorm, TestType, MnnvlPolicy>(s, Strategy::Nccl, true);
+  run_and_check<Pattern::ResidualRmsNormPrePost, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
   run_and_check<Pattern::ResidualRmsNormFp8, TestType, MnnvlPolicy>(s, Strategy::Nccl, false);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
   if constexpr (sizeof(TestType) == 2) {

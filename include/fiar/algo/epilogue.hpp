@@ -139,10 +139,15 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
     // in runs of 32 consecutive vectors (a warp on the GPU: its lanes hold one chunk of the canonical sum). The
     // residual is loaded before the sum is fetched (which may wait); a lane that owns one vector keeps y in registers.
     // Without a residual (RmsNorm) y is the sum itself; a lane that owns several vectors stages it in norm_out, the
-    // elements it then overwrites with the norm (the same lane, the same addresses: no other lane reads them).
+    // elements it then overwrites with the norm (the same lane, the same addresses: no other lane reads them). The
+    // pre/post norm (ResidualRmsNormPrePost) normalizes the sum first (gamma_pre, y staged in norm_out, since
+    // residual_out may alias residual_in), adds the residual to that, and normalizes the result (gamma): two canonical
+    // sums per token.
     constexpr bool kResidual = kTraits.use[static_cast<int>(FusedTensor::ResidualIn)] != TensorUse::Unused;
+    constexpr bool kPrePost = kTraits.use[static_cast<int>(FusedTensor::GammaPre)] != TensorUse::Unused;
+    constexpr bool kAddFirst = kResidual && !kPrePost;
     const bool single = first < vecs_per_token && first + step >= vecs_per_token;
-    T* const staged = kResidual ? e.residual_out : e.norm_out;
+    T* const staged = kAddFirst ? e.residual_out : e.norm_out;
     const int sub = ctx.lane() % exec::kTokenSumChunk;
     Vec16 kept{};
     // A lane that owns one vector loads its gamma (weights: no earlier kernel writes them) before the sum is fetched,
@@ -154,7 +159,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
       float squares = 0.0f;
       if (v < vecs_per_token) {
         Elems<T> y;
-        if constexpr (kResidual) {
+        if constexpr (kAddFirst) {
           const Vec16 rv = load_row(e.residual_in, token, vecs_per_token, v);
           const Elems<T> a = unpack<T>(fetch(v));
           const Elems<T> r = unpack<T>(rv);
@@ -169,16 +174,42 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
           squares = fma_rn(f, f, squares);
         }
         kept = repack<T>(y);
-        if (kResidual || !single) store_row(staged, token, vecs_per_token, v, kept);
+        if (kAddFirst || !single) store_row(staged, token, vecs_per_token, v, kept);
       }
       ctx.token_sum_add(v, squares);
     }
-    auto y_of = [&](int v) { return single ? kept : load_row(staged, token, vecs_per_token, v); };
-    auto gamma_of = [&](int v) { return single ? kept_gamma : gamma_vec(e, v); };
     const int hidden = vecs_per_token * kE;
     // The same fp64 value either way (1 / H rounded once), so the bits do not depend on who computed it.
     const double inv_hidden = e.inv_hidden != 0.0 ? e.inv_hidden : 1.0 / static_cast<double>(hidden);
-    const float s = 1.0f / sqrtf(norm_mean(ctx.token_sum(vecs_per_token), inv_hidden) + e.eps);
+    float s = 1.0f / sqrtf(norm_mean(ctx.token_sum(vecs_per_token), inv_hidden) + e.eps);
+    if constexpr (kPrePost) {
+      // p = T(RMSNorm(y) with gamma_pre); z = T(p + residual_in), the residual out and the second norm's input.
+      FIAR_NO_UNROLL
+      for (int v0 = first - sub; v0 < vecs_per_token; v0 += step) {
+        const int v = v0 + sub;
+        float squares = 0.0f;
+        if (v < vecs_per_token) {
+          const Vec16 rv = load_row(e.residual_in, token, vecs_per_token, v);
+          const Vec16 yv = single ? kept : load_row(staged, token, vecs_per_token, v);
+          const Elems<T> p = norm_vec<T>(yv, s, e, reinterpret_cast<const Vec16*>(e.gamma_pre)[v]);
+          const Elems<T> r = unpack<T>(rv);
+          Elems<T> z;
+          FIAR_UNROLL
+          for (int i = 0; i < kE; ++i) {
+            z.e[i] = from_float<T>(to_float(p.e[i]) + to_float(r.e[i]));
+            const float f = to_float(z.e[i]);
+            squares = fma_rn(f, f, squares);
+          }
+          kept = repack<T>(z);
+          store_row(e.residual_out, token, vecs_per_token, v, kept);
+        }
+        ctx.token_sum_add(v, squares);
+      }
+      s = 1.0f / sqrtf(norm_mean(ctx.token_sum(vecs_per_token), inv_hidden) + e.eps);
+    }
+    T* const normed = kPrePost ? e.residual_out : staged;  // what the (last) norm reads, for a lane of several vectors
+    auto y_of = [&](int v) { return single ? kept : load_row(normed, token, vecs_per_token, v); };
+    auto gamma_of = [&](int v) { return single ? kept_gamma : gamma_vec(e, v); };
 
     if constexpr (kTraits.quant == Quant::None || kTraits.quant == Quant::Fp8Static) {
       const float inv_scale = kTraits.quant == Quant::Fp8Static ? 1.0f / *e.scale : 0.0f;

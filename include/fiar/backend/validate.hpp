@@ -120,7 +120,8 @@ inline void validate_call_basics(int rank, Pattern pattern, Strategy strategy, c
 constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, std::size_t elem_bytes, std::size_t rows,
                                    std::size_t hidden, ScaleLayout layout) {
   switch (t) {
-    case FusedTensor::Gamma: return hidden * elem_bytes;
+    case FusedTensor::Gamma:
+    case FusedTensor::GammaPre: return hidden * elem_bytes;
     case FusedTensor::QuantOut: return traits.quant == Quant::Nvfp4 ? rows * hidden / 2 : rows * hidden;
     case FusedTensor::Scale: return sizeof(float);
     case FusedTensor::ScaleOut: return rows * sizeof(float);

@@ -99,6 +99,8 @@ struct FusedArgs {
   float* scale_out = nullptr;       ///< fp8 dynamic: [num_tokens] per-token scales
   void* block_scale_out = nullptr;  ///< nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout)
   ScaleLayout layout = ScaleLayout::Swizzled128x4;  ///< nvfp4 block-scale layout
+  const T* gamma_pre =
+      nullptr;  ///< ResidualRmsNormPrePost: the first norm's weight, [hidden_dim] (gamma: the second's)
 };
 
 /// The address of tensor t of a call (null when unset).
@@ -115,6 +117,7 @@ constexpr const void* tensor_address(const FusedArgs<T>& a, FusedTensor t) {
     case FusedTensor::Scale: return a.scale;
     case FusedTensor::ScaleOut: return a.scale_out;
     case FusedTensor::BlockScaleOut: return a.block_scale_out;
+    case FusedTensor::GammaPre: return a.gamma_pre;
   }
   return nullptr;
 }

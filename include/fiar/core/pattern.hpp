@@ -13,16 +13,17 @@
 #include "prelude.hpp"
 
 /// Calls X(args..., P) for every Pattern enumerator name (explicit instantiations are spelled with it).
-#define FIAR_FOR_EACH_PATTERN(X, ...) \
-  X(__VA_ARGS__, AllReduce)           \
-  X(__VA_ARGS__, ResidualRmsNorm)     \
-  X(__VA_ARGS__, ResidualRmsNormFp8)  \
-  X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) X(__VA_ARGS__, ResidualRmsNormNvfp4) X(__VA_ARGS__, RmsNorm)
+#define FIAR_FOR_EACH_PATTERN(X, ...)       \
+  X(__VA_ARGS__, AllReduce)                 \
+  X(__VA_ARGS__, ResidualRmsNorm)           \
+  X(__VA_ARGS__, ResidualRmsNormFp8)        \
+  X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) \
+  X(__VA_ARGS__, ResidualRmsNormNvfp4) X(__VA_ARGS__, RmsNorm) X(__VA_ARGS__, ResidualRmsNormPrePost)
 
 FIAR_BEGIN_NAMESPACE
 
 /// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5;
-/// TensorRT-LLM's AllReduceFusionOp 9 for RmsNorm).
+/// TensorRT-LLM's AllReduceFusionOp 9 for RmsNorm, 3 for ResidualRmsNormPrePost).
 enum class Pattern {
   AllReduce,                  ///< out = sum
   ResidualRmsNorm,            ///< residual_out = sum + residual_in; norm_out = RMSNorm(residual_out)
@@ -30,6 +31,7 @@ enum class Pattern {
   ResidualRmsNormFp8Dynamic,  ///< ... then per-token e4m3 with scale_out[token] = max(amax / 448, 1/(512*448))
   ResidualRmsNormNvfp4,       ///< ... then NVFP4: e2m1 values in 16-element blocks, e4m3 block scales (sm_100+)
   RmsNorm,                    ///< norm_out = RMSNorm(sum): no residual in or out
+  ResidualRmsNormPrePost,     ///< residual_out = RMSNorm_pre(sum) + residual_in; norm_out = RMSNorm(residual_out)
 };
 
 /// Where the NVFP4 block scales of token m, 16-element block k go.
@@ -45,13 +47,25 @@ enum class Quant { None, Fp8Static, Fp8Dynamic, Nvfp4 };
 enum class TensorUse : std::uint8_t { Unused, Optional, Required };
 
 /// The tensors of FusedArgs, in its order.
-enum class FusedTensor { In, Out, ResidualIn, ResidualOut, Gamma, NormOut, QuantOut, Scale, ScaleOut, BlockScaleOut };
-inline constexpr int kFusedTensorCount = 10;
+enum class FusedTensor {
+  In,
+  Out,
+  ResidualIn,
+  ResidualOut,
+  Gamma,
+  NormOut,
+  QuantOut,
+  Scale,
+  ScaleOut,
+  BlockScaleOut,
+  GammaPre
+};
+inline constexpr int kFusedTensorCount = 11;
 
 /// Each tensor's name, as FusedArgs spells its member (and messages name it).
 inline constexpr const char* kFusedTensorNames[kFusedTensorCount] = {
-    "in",       "out",       "residual_in", "residual_out", "gamma",
-    "norm_out", "quant_out", "scale",       "scale_out",    "block_scale_out"};
+    "in",        "out",   "residual_in", "residual_out",    "gamma",    "norm_out",
+    "quant_out", "scale", "scale_out",   "block_scale_out", "gamma_pre"};
 
 /// One pattern, described.
 struct PatternTraits {
@@ -70,30 +84,36 @@ struct PatternTraits {
 namespace detail {
 using U = TensorUse;
 // clang-format off
-// One row per pattern, in enumeration order.   in  out residual_in/out gamma norm_out quant_out scale scale_out bso
+// One row per pattern, in enumeration order. Uses: in out residual_in/out gamma norm_out quant_out scale scale_out
+// block_scale_out gamma_pre
 inline constexpr PatternTraits kPatternTable[] = {
     {Pattern::AllReduce, "allreduce", false, Quant::None, 0, false, 1,
-     {U::Required, U::Required, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused},
+     {U::Required, U::Required, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused,
+      U::Unused},
      "", ""},
     {Pattern::ResidualRmsNorm, "residual_rmsnorm", true, Quant::None, 0, false, 1,
      {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Required, U::Unused, U::Unused, U::Unused,
-      U::Unused},
+      U::Unused, U::Unused},
      "", ""},
     {Pattern::ResidualRmsNormFp8, "residual_rmsnorm_fp8", true, Quant::Fp8Static, 0, false, 1,
      {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Required, U::Unused,
-      U::Unused},
+      U::Unused, U::Unused},
      "", ""},
     {Pattern::ResidualRmsNormFp8Dynamic, "residual_rmsnorm_fp8_dynamic", true, Quant::Fp8Dynamic, 0, false, 1,
      {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Unused, U::Required,
-      U::Unused},
+      U::Unused, U::Unused},
      "", ""},
     {Pattern::ResidualRmsNormNvfp4, "residual_rmsnorm_nvfp4", true, Quant::Nvfp4, 100, true, 16,
      {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Required, U::Unused,
-      U::Required},
+      U::Required, U::Unused},
      "NVFP4", "residual_rmsnorm_fp8 or _fp8_dynamic"},
     {Pattern::RmsNorm, "rmsnorm", true, Quant::None, 0, false, 1,
      {U::Required, U::Unused, U::Unused, U::Unused, U::Required, U::Required, U::Unused, U::Unused, U::Unused,
-      U::Unused},
+      U::Unused, U::Unused},
+     "", ""},
+    {Pattern::ResidualRmsNormPrePost, "residual_rmsnorm_prepost", true, Quant::None, 0, false, 1,
+     {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Required, U::Unused, U::Unused, U::Unused,
+      U::Unused, U::Required},
      "", ""},
 };
 // clang-format on
