@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <regex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -530,13 +531,18 @@ FIAR_CASE_TEST(
     seen[at(rank)] = fiar_test::after_peer_stopped(ws, call);
   });
   require_no_errors(errors);
-  const std::string waited = C::lamport ? "waiting for data from rank(s) 3" : "waiting for the input of rank(s) 3";
+  // Rank 3 is named; on a loaded machine a live rank whose push came later than the deadline may be named with it
+  // ("rank(s) 1, 3"), which is what the protocol saw.
+  const std::string waited =
+      C::lamport ? "waiting for data from rank\\(s\\) " : "waiting for the input of rank\\(s\\) ";
+  const std::regex named("fiar: " + C::backend_name() + " all-reduce on rank [0-2] gave up after " +
+                         std::to_string(timeout.count()) + " ms " + waited + "([0-2], )*3 \\(call " +
+                         std::to_string(healthy_calls) + "\\)");
   for (int r = 0; r < world - 1; ++r) {
     const auto& s = seen[at(r)];
     CAPTURE(r, s.first);
-    CHECK(s.first.find("fiar: " + C::backend_name() + " all-reduce on rank " + std::to_string(r) + " gave up after " +
-                       std::to_string(timeout.count()) + " ms " + waited + " (call " + std::to_string(healthy_calls) +
-                       ")") != std::string::npos);
+    CHECK(std::regex_search(s.first, named));
+    CHECK(s.first.find("all-reduce on rank " + std::to_string(r) + " gave up") != std::string::npos);
     CHECK(s.later == s.first);
     CHECK(s.checked == s.first);
     CHECK(s.took >= timeout);
