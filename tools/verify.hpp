@@ -266,7 +266,10 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
                   Check& res) {
   const int H = hidden;
   const double ulp = unit_roundoff<T>() * 2;
-  const bool prepost = pattern == fiar::Pattern::ResidualRmsNormPrePost;
+  auto uses = [&](fiar::FusedTensor t) {
+    return fiar::pattern_traits(pattern).use[static_cast<int>(t)] != fiar::TensorUse::Unused;
+  };
+  const bool prepost = uses(fiar::FusedTensor::GammaPre), with_residual = uses(fiar::FusedTensor::ResidualIn);
   for (int t = 0; t < tokens; ++t) {
     double squares = 0;
     std::vector<float> y(static_cast<std::size_t>(H));
@@ -288,7 +291,6 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
     for (int h = 0; h < H; ++h) {
       const std::size_t i = static_cast<std::size_t>(t) * H + h;
       const T sum = sum_at(i);
-      const bool with_residual = pattern != fiar::Pattern::RmsNorm;
       T yy = with_residual ? round_to<T>(f32(sum) + f32(residual[i])) : sum;
       if (prepost) {
         const double p = f32(sum) * pre_inv_rms * f32(gamma_pre[static_cast<std::size_t>(h)]);

@@ -20,6 +20,17 @@
 
 namespace fiar_test {
 
+// How pattern P uses tensor t, from its row of fiar's pattern table (the tests allocate and check what the row says,
+// not a list of patterns).
+template <fiar::Pattern P>
+constexpr bool uses(fiar::FusedTensor t) {
+  return fiar::pattern_traits(P).use[static_cast<int>(t)] != fiar::TensorUse::Unused;
+}
+template <fiar::Pattern P>
+constexpr bool requires_tensor(fiar::FusedTensor t) {
+  return fiar::pattern_traits(P).use[static_cast<int>(t)] == fiar::TensorUse::Required;
+}
+
 inline std::uint8_t fp8(float x) {
   return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
@@ -104,8 +115,8 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
     const std::vector<T> residual = residual_of<T>(count, 0);
     const std::vector<T> gamma = gamma_of<T>(s.hidden);
     const double ulp = unit_roundoff<T>() * 2;
-    constexpr bool kResidual = P != fiar::Pattern::RmsNorm;
-    constexpr bool kPrePost = P == fiar::Pattern::ResidualRmsNormPrePost;
+    constexpr bool kResidual = uses<P>(fiar::FusedTensor::ResidualIn);
+    constexpr bool kPrePost = uses<P>(fiar::FusedTensor::GammaPre);
     const std::vector<T> gamma_pre = gamma_pre_of<T>(s.hidden);
     CHECK(o.residual_out.empty() == !kResidual);
     int far_pre = 0;
@@ -159,8 +170,7 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
         }
       }
       CHECK(far == 0);
-      CHECK(o.norm_out.empty() ==
-            !(with_norm_out || P == fiar::Pattern::ResidualRmsNorm || P == fiar::Pattern::RmsNorm || kPrePost));
+      CHECK(o.norm_out.empty() == !(with_norm_out || requires_tensor<P>(fiar::FusedTensor::NormOut)));
       if (o.norm_out.empty()) {
         // Without norm_out, the FP8 codes are checked against the reference norm: within one e4m3 step
         // (2^-3 relative, 2^-9 absolute near zero) plus one rounding of T.

@@ -51,7 +51,7 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
           o.out.resize(count);
           a.out = in_place ? in.data() : o.out.data();
         } else {
-          if constexpr (P != Pattern::RmsNorm) {
+          if constexpr (uses<P>(fiar::FusedTensor::ResidualIn)) {
             o.residual_out.resize(count);
             a.residual_in = residual.data();
             a.residual_out = in_place ? residual.data() : o.residual_out.data();
@@ -59,9 +59,8 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
           a.gamma = gamma.data();
           a.eps = 1e-5f;
           a.weight_bias = weight_bias;
-          if constexpr (P == Pattern::ResidualRmsNormPrePost) a.gamma_pre = gamma_pre.data();
-          if (with_norm_out || P == Pattern::ResidualRmsNorm || P == Pattern::RmsNorm ||
-              P == Pattern::ResidualRmsNormPrePost) {
+          if constexpr (uses<P>(fiar::FusedTensor::GammaPre)) a.gamma_pre = gamma_pre.data();
+          if (with_norm_out || requires_tensor<P>(fiar::FusedTensor::NormOut)) {
             o.norm_out.resize(count);
             a.norm_out = in_place ? in.data() : o.norm_out.data();
           }
@@ -87,7 +86,7 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
           if constexpr (P == Pattern::AllReduce) {
             o.out = in;
           } else {
-            if constexpr (P != Pattern::RmsNorm) o.residual_out = residual;
+            if constexpr (uses<P>(fiar::FusedTensor::ResidualOut)) o.residual_out = residual;
             if (!o.norm_out.empty()) o.norm_out = in;
           }
         }

@@ -293,12 +293,12 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
   if constexpr (P == Pattern::AllReduce) {
     a.out = c.in_place ? b.in.p : b.out.p;
   } else {
-    if constexpr (P != Pattern::RmsNorm) {
+    if constexpr (uses<P>(fiar::FusedTensor::ResidualIn)) {
       a.residual_in = b.residual.p;
       a.residual_out = c.in_place ? b.residual.p : b.residual_out.p;
     }
     a.gamma = b.gamma.p;
-    if constexpr (P == Pattern::ResidualRmsNormPrePost) a.gamma_pre = b.gamma_pre.p;
+    if constexpr (uses<P>(fiar::FusedTensor::GammaPre)) a.gamma_pre = b.gamma_pre.p;
     a.eps = kFusedEps;
     a.weight_bias = c.weight_bias;
     a.norm_out = c.in_place ? b.in.p : b.norm_out.p;
@@ -329,7 +329,7 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
   if constexpr (P == Pattern::AllReduce) {
     download(o.out, c.in_place ? b.in.p : b.out.p, count, stream);
   } else {
-    if constexpr (P != Pattern::RmsNorm)
+    if constexpr (uses<P>(fiar::FusedTensor::ResidualOut))
       download(o.residual_out, c.in_place ? b.residual.p : b.residual_out.p, count, stream);
     download(o.norm_out, c.in_place ? b.in.p : b.norm_out.p, count, stream);
   }

@@ -169,14 +169,14 @@ std::vector<std::vector<std::vector<std::uint8_t>>> probe(
           o.out.resize(count);
           a.out = o.out.data();
         } else {
-          if constexpr (P != Pattern::RmsNorm) {
+          if constexpr (fiar_test::uses<P>(fiar::FusedTensor::ResidualIn)) {
             o.residual_out.resize(count);
             a.residual_in = residual.data();
             a.residual_out = o.residual_out.data();
           }
           o.norm_out.resize(count);
           a.gamma = gamma.data();
-          if constexpr (P == Pattern::ResidualRmsNormPrePost) a.gamma_pre = gamma.data();
+          if constexpr (fiar_test::uses<P>(fiar::FusedTensor::GammaPre)) a.gamma_pre = gamma.data();
           a.norm_out = o.norm_out.data();
           a.eps = 1e-5f;
         }

@@ -85,9 +85,21 @@ FIAR_HD inline T norm_elem(T y, float s, float weight_bias, T g) {
   return from_float<T>(to_float(y) * s * (weight_bias + to_float(g)));
 }
 
+// Vector `vec` of a norm's weights (gamma, gamma_pre).
 template <ReduceType T>
-FIAR_HD inline Vec16 gamma_vec(const EpilogueParams<T>& e, int vec) {
-  return reinterpret_cast<const Vec16*>(e.gamma)[vec];
+FIAR_HD inline Vec16 weight_vec(const T* weights, int vec) {
+  return reinterpret_cast<const Vec16*>(weights)[vec];
+}
+
+// `squares` plus the squares of v's elements, left to right in fp32 (a vector's step of the canonical sum).
+template <ReduceType T>
+FIAR_HD inline float add_squares(const Elems<T>& v, float squares) {
+  FIAR_UNROLL
+  for (int i = 0; i < kElemsPerVec<T>; ++i) {
+    const float f = to_float(v.e[i]);
+    squares = fma_rn(f, f, squares);
+  }
+  return squares;
 }
 
 // `gv`: gamma's vector for y (loaded early by a lane that owns one vector).
@@ -152,7 +164,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
     Vec16 kept{};
     // A lane that owns one vector loads its gamma (weights: no earlier kernel writes them) before the sum is fetched,
     // so the load overlaps the poll instead of following the cluster's sum of squares.
-    const Vec16 kept_gamma = single ? gamma_vec(e, first) : Vec16{0, 0, 0, 0};
+    const Vec16 kept_gamma = single ? weight_vec(e.gamma, first) : Vec16{0, 0, 0, 0};
     FIAR_NO_UNROLL
     for (int v0 = first - sub; v0 < vecs_per_token; v0 += step) {
       const int v = v0 + sub;
@@ -168,11 +180,7 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
         } else {
           y = unpack<T>(fetch(v));
         }
-        FIAR_UNROLL
-        for (int i = 0; i < kE; ++i) {
-          const float f = to_float(y.e[i]);
-          squares = fma_rn(f, f, squares);
-        }
+        squares = add_squares(y, squares);
         kept = repack<T>(y);
         if (kAddFirst || !single) store_row(staged, token, vecs_per_token, v, kept);
       }
@@ -181,7 +189,10 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
     const int hidden = vecs_per_token * kE;
     // The same fp64 value either way (1 / H rounded once), so the bits do not depend on who computed it.
     const double inv_hidden = e.inv_hidden != 0.0 ? e.inv_hidden : 1.0 / static_cast<double>(hidden);
-    float s = 1.0f / sqrtf(norm_mean(ctx.token_sum(vecs_per_token), inv_hidden) + e.eps);
+    // The norm's scale from the token's canonical sum of squares (a cluster-wide reduction; the pre/post norm takes
+    // two).
+    auto norm_scale = [&] { return 1.0f / sqrtf(norm_mean(ctx.token_sum(vecs_per_token), inv_hidden) + e.eps); };
+    float s = norm_scale();
     if constexpr (kPrePost) {
       // p = T(RMSNorm(y) with gamma_pre); z = T(p + residual_in), the residual out and the second norm's input.
       FIAR_NO_UNROLL
@@ -191,25 +202,22 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
         if (v < vecs_per_token) {
           const Vec16 rv = load_row(e.residual_in, token, vecs_per_token, v);
           const Vec16 yv = single ? kept : load_row(staged, token, vecs_per_token, v);
-          const Elems<T> p = norm_vec<T>(yv, s, e, reinterpret_cast<const Vec16*>(e.gamma_pre)[v]);
+          const Elems<T> p = norm_vec<T>(yv, s, e, weight_vec(e.gamma_pre, v));
           const Elems<T> r = unpack<T>(rv);
           Elems<T> z;
           FIAR_UNROLL
-          for (int i = 0; i < kE; ++i) {
-            z.e[i] = from_float<T>(to_float(p.e[i]) + to_float(r.e[i]));
-            const float f = to_float(z.e[i]);
-            squares = fma_rn(f, f, squares);
-          }
+          for (int i = 0; i < kE; ++i) z.e[i] = from_float<T>(to_float(p.e[i]) + to_float(r.e[i]));
+          squares = add_squares(z, squares);
           kept = repack<T>(z);
           store_row(e.residual_out, token, vecs_per_token, v, kept);
         }
         ctx.token_sum_add(v, squares);
       }
-      s = 1.0f / sqrtf(norm_mean(ctx.token_sum(vecs_per_token), inv_hidden) + e.eps);
+      s = norm_scale();
     }
     T* const normed = kPrePost ? e.residual_out : staged;  // what the (last) norm reads, for a lane of several vectors
     auto y_of = [&](int v) { return single ? kept : load_row(normed, token, vecs_per_token, v); };
-    auto gamma_of = [&](int v) { return single ? kept_gamma : gamma_vec(e, v); };
+    auto gamma_of = [&](int v) { return single ? kept_gamma : weight_vec(e.gamma, v); };
 
     if constexpr (kTraits.quant == Quant::None || kTraits.quant == Quant::Fp8Static) {
       const float inv_scale = kTraits.quant == Quant::Fp8Static ? 1.0f / *e.scale : 0.0f;
@@ -261,7 +269,8 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
           float amax = 0.0f;
           for (int half = 0; half < 2; ++half) {
             const int v = 2 * u + half;
-            const Elems<T> nv = norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, gamma_vec(e, v));
+            const Elems<T> nv =
+                norm_vec<T>(load_row(e.residual_out, token, vecs_per_token, v), s, e, weight_vec(e.gamma, v));
             if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(nv));
             FIAR_UNROLL
             for (int i = 0; i < kE; ++i) {

@@ -146,12 +146,9 @@ class LamportEngine {
 
   /// Whether a call recorded a failure (raise_failure() throws it), or the engine was moved from.
   [[nodiscard]] bool failed() const { return !error_ || Pf::read_word(&error_->code) != algo::kErrorNone; }
-  /// Throws fiar::mismatch_error if a call saw a peer's call digest differ from its own, and fiar::timeout_error if
-  /// a kernel gave up waiting (then every later call throws too: the protocol state is lost).
-  void check() const {
-    if (failed()) raise_failure();
-  }
-  /// Throws what failed() found.
+  /// Throws what failed() found: fiar::mismatch_error if a call saw a peer's call digest differ from its own,
+  /// fiar::timeout_error if a kernel gave up waiting (every later call throws too: the protocol state is lost),
+  /// std::logic_error when moved from.
   [[noreturn]] void raise_failure() const {
     if (!error_) throw std::logic_error(moved_from_text("workspace"));
     raise(Pf::read_word(&error_->code));

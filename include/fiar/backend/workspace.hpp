@@ -333,7 +333,7 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
     static_assert(is_valid(Q), "fiar: run<Q>: Q is not a Pattern enumerator");
     const int hidden = this->cfg_.hidden_dim;
     if constexpr (kLamport) {
-      if (lamport_->failed()) raise_lamport_failure();
+      check_lamport();
       if (nccl_) nccl_->check_recorded();  // a workspace whose route failed launches nothing any more
       const Strategy s = this->template checked_strategy<Q>(a, strategy);
       if (s == Strategy::Nccl) {
@@ -341,13 +341,11 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
         // The digest first, through the Lamport buffers (with verify_calls): a rank that runs this call there meets
         // it, and every rank raises mismatch_error instead of waiting for a collective the other never joins.
         lamport_->template announce<Q>(this->platform_, a.num_tokens, stream);
-        if constexpr (Pf::synchronous) {
-          if (lamport_->failed()) raise_lamport_failure();
-        }
+        if constexpr (Pf::synchronous) check_lamport();
         nccl_->template launch<Q>(this->platform_, a, hidden, stream);
       } else {
         lamport_->template launch<Q>(this->platform_, a, hidden, s, stream);
-        if constexpr (Pf::synchronous) lamport_->check();
+        if constexpr (Pf::synchronous) check_lamport();
       }
       this->last_strategy_ = s;
     } else {
@@ -362,9 +360,7 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   /// every rank); nccl on CudaPlatform also fiar::cuda_error for an asynchronous NCCL error; std::logic_error on a
   /// moved-from workspace.
   void check() const {
-    if constexpr (kLamport) {
-      if (lamport_->failed()) raise_lamport_failure();
-    }
+    if constexpr (kLamport) check_lamport();
     if (nccl_) nccl_->check();
   }
 
@@ -411,12 +407,13 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   }
 
  private:
-  // A Lamport call failed (a peer's digest differed, or a peer never came): the workspace is unusable, its route too.
-  // On GPUs an owned communicator is aborted first, so a routed call still waiting for a rank that took the Lamport
-  // path ends instead of holding the stream until the timeout. Then the Lamport failure is thrown.
-  [[noreturn]] void raise_lamport_failure() const
+  // Throws the failure a Lamport call recorded (a peer's digest differed, or a peer never came), if any: the workspace
+  // is unusable then, its route too. On GPUs an owned communicator is aborted first, so a routed call still waiting
+  // for a rank that took the Lamport path ends instead of holding the stream until the timeout.
+  void check_lamport() const
     requires kLamport
   {
+    if (!lamport_->failed()) return;
     if (nccl_) nccl_->abandon();
     lamport_->raise_failure();
   }
