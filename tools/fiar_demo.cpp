@@ -53,8 +53,9 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
   --strategy auto|oneshot|twoshot|multimem|nccl   (default auto; multimem: the in-switch reduction, mnnvl only;
                             nccl: ncclAllReduce inside the workspace, its NCCL route)
   --pattern NAME            allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic,
-                            residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+), rmsnorm or
-                            residual_rmsnorm_prepost (default allreduce)
+                            residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+), rmsnorm,
+                            residual_rmsnorm_prepost or residual_rmsnorm_fp8_group (groups of 128
+                            elements where the hidden size allows; default allreduce)
   -h, --help                this text
   --version                 fiar-demo's version
 

@@ -253,6 +253,16 @@ T round_to(float x) {
   return fiar::algo::from_float<T>(x);
 }
 
+// The FP8 group size the tools use for T and a hidden size: 128 elements where that divides it, else the largest
+// power-of-two number of 16-byte vectors below it that does.
+template <class T>
+int group_size_of(int hidden) {
+  const int per_vec = static_cast<int>(16 / sizeof(T));
+  int g = per_vec;
+  while (g * 2 <= 128 && hidden % (g * 2) == 0) g *= 2;
+  return g;
+}
+
 // Verifies one call of a fused pattern on one rank: residual_out bit-exact against the fp32 rank-order sum
 // plus the residual (RmsNorm: no residual, the sum is normalized; the pre/post norm: residual_out within the norm's
 // bound of the first norm of the sum plus the residual, the second norm from the kernel's residual_out); norm_out
@@ -325,6 +335,27 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
         if (quant[i] != static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3)))
           ++res.mismatches;
       }
+    } else if (pattern == fiar::Pattern::ResidualRmsNormFp8Group) {
+      // Each group's scale: the power of two at or above max(amax / 448, 1e-10), stored as its exponent byte (packed
+      // 4 groups per int32, columns of round_up(tokens, 4) rows).
+      const int g = group_size_of<T>(H);
+      const std::size_t rows = static_cast<std::size_t>((tokens + 3) / 4 * 4);
+      for (int k = 0; k < H / g; ++k) {
+        float group_max = 0.0f;
+        for (int j = 0; j < g; ++j)
+          group_max = std::max(group_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * g + j])));
+        int e = 0;
+        const float y0 = std::max(group_max / 448.0f, 1e-10f);
+        const float y = std::frexp(y0, &e) == 0.5f ? y0 : std::ldexp(1.0f, e);
+        if (block_scales[4 * (static_cast<std::size_t>(k / 4) * rows + static_cast<std::size_t>(t)) +
+                         static_cast<std::size_t>(k % 4)] != std::ilogb(y) + 127)
+          ++res.mismatches;
+        for (int j = 0; j < g; ++j) {
+          const std::size_t i = static_cast<std::size_t>(t) * H + k * g + j;
+          if (quant[i] != static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(f32(norm[i]) / y, __NV_SATFINITE, __NV_E4M3)))
+            ++res.mismatches;
+        }
+      }
     } else if (pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
       for (int k = 0; k < H / 16; ++k) {
         float block_max = 0.0f;
@@ -356,6 +387,7 @@ struct CallTensors {
   static constexpr fiar::PatternTraits kTraits = fiar::pattern_traits(P);
   static constexpr bool fused = kTraits.norm;
   static constexpr bool nvfp4 = kTraits.quant == fiar::Quant::Nvfp4;
+  static constexpr bool group = kTraits.quant == fiar::Quant::Fp8Group;
   static constexpr bool used(fiar::FusedTensor t) {
     return kTraits.use[static_cast<int>(t)] != fiar::TensorUse::Unused;
   }
@@ -374,7 +406,9 @@ struct CallTensors {
         count(static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(hidden_dim)),
         bytes(count * sizeof(T)),
         quant_bytes(nvfp4 ? count / 2 : count),
-        sf_bytes(fiar::algo::nvfp4_scale_bytes(num_tokens, hidden_dim, fiar::ScaleLayout::Swizzled128x4)),
+        sf_bytes(group ? fiar::algo::fp8_group_scale_bytes(num_tokens, hidden_dim, group_size_of<T>(hidden_dim),
+                                                           fiar::GroupScale::Ue8m0Packed)
+                       : fiar::algo::nvfp4_scale_bytes(num_tokens, hidden_dim, fiar::ScaleLayout::Swizzled128x4)),
         host_in(count),
         out(count),
         residual(count),
@@ -392,6 +426,7 @@ struct CallTensors {
     a.num_tokens = tokens;
     a.in = static_cast<T*>(mem.alloc(bytes));
     a.eps = 1e-6f;
+    a.group_size = group_size_of<T>(hidden);
     if (used(fiar::FusedTensor::Out)) a.out = static_cast<T*>(mem.alloc(bytes));
     if (used(fiar::FusedTensor::ResidualIn)) a.residual_in = static_cast<T*>(mem.alloc(bytes));
     if (used(fiar::FusedTensor::ResidualOut)) a.residual_out = static_cast<T*>(mem.alloc(bytes));

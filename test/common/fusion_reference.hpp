@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "reference.hpp"
@@ -52,6 +53,53 @@ struct Shape {
   int world, tokens, hidden;
 };
 
+// How a call lays out its quantized outputs: NVFP4's scale layout; per-token-group FP8's group size (0: 128 elements
+// where it divides hidden_dim, else the largest allowed that does) and scale format.
+struct QuantOptions {
+  fiar::ScaleLayout layout = fiar::ScaleLayout::Swizzled128x4;
+  int group_size = 0;
+  fiar::GroupScale group_scale = fiar::GroupScale::Ue8m0Packed;
+
+  QuantOptions() = default;
+  QuantOptions(fiar::ScaleLayout l) : layout(l) {}  // NOLINT(google-explicit-constructor): call sites pass a layout
+  QuantOptions(int g, fiar::GroupScale f) : group_size(g), group_scale(f) {}
+};
+
+// The group size a call of element type T over `hidden` uses (QuantOptions::group_size resolved).
+template <class T>
+int group_size_for(const QuantOptions& q, int hidden) {
+  if (q.group_size > 0) return q.group_size;
+  const int per_vec = static_cast<int>(16 / sizeof(T));
+  int g = per_vec;
+  while (g * 2 <= 128 && g * 2 <= 32 * per_vec && hidden % (g * 2) == 0) g *= 2;
+  return g;
+}
+
+// The per-token-group FP8 scale, restated from its definition: the smallest power of two at or above
+// max(amax / 448, 1e-10) (frexp: y0 = m x 2^e with m in [0.5, 1); a power of two when m = 0.5).
+inline float group_scale_of(float amax) {
+  const float y0 = std::max(amax / 448.0f, 1e-10f);
+  int e = 0;
+  const float m = std::frexp(y0, &e);
+  return m == 0.5f ? y0 : std::ldexp(1.0f, e);
+}
+
+// The group-scale tensor of a call, restated: the scale of (token t, group g) at Float32 element g x rows + t, or
+// byte g % 4 of int32 element (g / 4) x rows + t (its biased exponent), rows = tokens rounded up to 4.
+inline std::size_t group_scale_at(int t, int g, int tokens, fiar::GroupScale f) {
+  const std::size_t rows = static_cast<std::size_t>((tokens + 3) / 4 * 4);
+  return f == fiar::GroupScale::Float32 ? 4 * (g * rows + t) : 4 * (g / 4 * rows + t) + g % 4;
+}
+inline float group_scale_read(const std::vector<std::uint8_t>& buf, int t, int g, int tokens, fiar::GroupScale f) {
+  const std::size_t at = group_scale_at(t, g, tokens, f);
+  if (f == fiar::GroupScale::Float32) {
+    float y;
+    std::memcpy(&y, buf.data() + at, sizeof(y));
+    return y;
+  }
+  return std::ldexp(1.0f, static_cast<int>(buf[at]) - 127);
+}
+
 // What every rank produced for one call.
 template <class T>
 struct Outputs {
@@ -86,8 +134,17 @@ std::vector<T> gamma_pre_of(int hidden) {
 
 // Checks that every rank's outputs are bit-identical to rank 0's, and rank 0's against the reference.
 template <fiar::Pattern P, class T>
-void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool with_norm_out, fiar::ScaleLayout layout,
+void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool with_norm_out, const QuantOptions& quant,
                    float weight_bias, float scale) {
+  const fiar::ScaleLayout layout = quant.layout;
+  const int group = group_size_for<T>(quant, s.hidden);
+  const int groups = s.hidden / group;
+  // The group-scale tensor as the reference writes it (padding zero), filled per token below.
+  std::vector<std::uint8_t> group_scales;
+  if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Group) {
+    group_scales.assign(fiar::algo::fp8_group_scale_bytes(s.tokens, s.hidden, group, quant.group_scale), 0);
+  }
+  int far_group = 0;
   const std::size_t count = static_cast<std::size_t>(s.tokens) * s.hidden;
   auto same_bits = [](const std::vector<T>& a, const std::vector<T>& b) {
     return a.size() == b.size() &&
@@ -185,6 +242,29 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
           }
           CHECK(off == 0);
         }
+        if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Group) {
+          // The kernel's scale is the reference's or one power of two off (its norm may round the group's largest
+          // element to the other side of a power of two), and the codes dequantize to the reference norm within one
+          // e4m3 step plus one rounding of T (2^-9 of the scale absolute, near zero).
+          for (int k = 0; k < groups; ++k) {
+            double amax = 0;
+            for (int j = 0; j < group; ++j) {
+              const int h = k * group + j;
+              amax = std::max(amax, std::fabs(as_float(y[static_cast<std::size_t>(h)]) * inv_rms *
+                                              (weight_bias + as_float(gamma[static_cast<std::size_t>(h)]))));
+            }
+            const float got_y = group_scale_read(o.block_scales, t, k, s.tokens, quant.group_scale);
+            const float want_y = group_scale_of(static_cast<float>(amax));
+            if (!(got_y == want_y || got_y == 2 * want_y || 2 * got_y == want_y)) ++far_group;
+            for (int j = 0; j < group; ++j) {
+              const int h = k * group + j;
+              const double want = as_float(y[static_cast<std::size_t>(h)]) * inv_rms *
+                                  (weight_bias + as_float(gamma[static_cast<std::size_t>(h)]));
+              const double got = fp8_value(o.quant[static_cast<std::size_t>(t) * s.hidden + h]) * got_y;
+              if (std::fabs(got - want) > (0.125 + ulp) * std::fabs(want) + std::ldexp(1.0, -9) * got_y) ++far_group;
+            }
+          }
+        }
         continue;  // the exact checks below use the kernel's own norm values
       }
       if constexpr (P == fiar::Pattern::ResidualRmsNormFp8) {
@@ -200,6 +280,23 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
         for (int h = 0; h < s.hidden; ++h) {
           mismatches +=
               o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] / token_scale);
+        }
+      } else if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Group) {
+        for (int k = 0; k < groups; ++k) {
+          float amax = 0;
+          for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(n[static_cast<std::size_t>(k * group + j)]));
+          const float y_k = group_scale_of(amax);
+          const std::size_t at = group_scale_at(t, k, s.tokens, quant.group_scale);
+          if (quant.group_scale == fiar::GroupScale::Float32) {
+            std::memcpy(group_scales.data() + at, &y_k, sizeof(y_k));
+          } else {
+            group_scales[at] = static_cast<std::uint8_t>(std::ilogb(y_k) + 127);
+          }
+          for (int j = 0; j < group; ++j) {
+            const int h = k * group + j;
+            mismatches +=
+                o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] / y_k);
+          }
         }
       } else if constexpr (P == fiar::Pattern::ResidualRmsNormNvfp4) {
         const int cols = s.hidden / 16;
@@ -223,6 +320,26 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
     }
     CHECK(mismatches == 0);
     CHECK(far_pre == 0);
+    CHECK(far_group == 0);
+    if constexpr (P == fiar::Pattern::ResidualRmsNormFp8Group) {
+      // Byte for byte, padding included: the rows past num_tokens and the last pack's bytes past the last group zero.
+      if (!o.norm_out.empty()) CHECK(o.block_scales == group_scales);
+      std::size_t padding = 0, nonzero = 0;
+      const int cols = fiar::algo::fp8_group_scale_cols(s.hidden, group, quant.group_scale);
+      for (int c = 0; c + 1 < cols; ++c) {
+        for (int t = s.tokens; t < (s.tokens + 3) / 4 * 4; ++t, ++padding) {
+          for (int b = 0; b < 4; ++b) nonzero += o.block_scales[4 * (c * ((s.tokens + 3) / 4 * 4) + t) + b] != 0;
+        }
+      }
+      if (quant.group_scale == fiar::GroupScale::Ue8m0Packed) {
+        for (int t = 0; t < s.tokens; ++t) {
+          for (int k = groups; k < cols * 4; ++k, ++padding)
+            nonzero += o.block_scales[group_scale_at(t, k, s.tokens, quant.group_scale)] != 0;
+        }
+      }
+      CAPTURE(padding);
+      CHECK(nonzero == 0);
+    }
     if constexpr (P == fiar::Pattern::ResidualRmsNormNvfp4) {
       if (layout == fiar::ScaleLayout::Swizzled128x4) {  // padding rows and columns are zero
         const int cols = s.hidden / 16, padded_cols = (cols + 3) / 4 * 4, padded_rows = (s.tokens + 127) / 128 * 128;

@@ -23,7 +23,7 @@ inline constexpr int kFusedArch = 100;
 // Runs pattern P once on every rank (host emulator; topo_of(world, rank, arch) each) and returns each rank's
 // outputs.
 template <Pattern P, class T, class Policy = fiar::TrtllmPolicy>
-std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with_norm_out, fiar::ScaleLayout layout,
+std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with_norm_out, const QuantOptions& quant,
                                     float weight_bias, float scale, bool in_place, int arch = kFusedArch,
                                     TopologyOf topo_of = one_node) {
   const std::size_t count = static_cast<std::size_t>(s.tokens) * s.hidden;
@@ -65,6 +65,15 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
             a.norm_out = in_place ? in.data() : o.norm_out.data();
           }
         }
+        if constexpr (P == Pattern::ResidualRmsNormFp8Group) {
+          o.quant.assign(count, 0xAA);
+          a.quant_out = o.quant.data();
+          a.group_size = group_size_for<T>(quant, s.hidden);
+          a.group_scale = quant.group_scale;
+          o.block_scales.assign(fiar::algo::fp8_group_scale_bytes(s.tokens, s.hidden, a.group_size, a.group_scale),
+                                0xAA);
+          a.block_scale_out = o.block_scales.data();
+        }
         if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic) {
           o.quant.assign(count, 0xAA);
           a.quant_out = o.quant.data();
@@ -77,9 +86,9 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
         if constexpr (P == Pattern::ResidualRmsNormNvfp4) {
           o.quant.assign(count / 2, 0xAA);
           a.quant_out = o.quant.data();
-          o.block_scales.assign(fiar::algo::nvfp4_scale_bytes(s.tokens, s.hidden, layout), 0xAA);
+          o.block_scales.assign(fiar::algo::nvfp4_scale_bytes(s.tokens, s.hidden, quant.layout), 0xAA);
           a.block_scale_out = o.block_scales.data();
-          a.layout = layout;
+          a.layout = quant.layout;
         }
         ws.template run<P>(a, nullptr, strategy);
         if (in_place) {
@@ -98,14 +107,14 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
 
 // Runs pattern P (run_pattern) and checks every rank's outputs against the reference.
 template <Pattern P, class T, class Policy = fiar::TrtllmPolicy>
-void run_and_check(const Shape& s, Strategy strategy, bool with_norm_out,
-                   fiar::ScaleLayout layout = fiar::ScaleLayout::Swizzled128x4, float weight_bias = 0.0f,
-                   float scale = 0.75f, bool in_place = false, TopologyOf topo_of = one_node) {
+void run_and_check(const Shape& s, Strategy strategy, bool with_norm_out, const QuantOptions& quant = {},
+                   float weight_bias = 0.0f, float scale = 0.75f, bool in_place = false,
+                   TopologyOf topo_of = one_node) {
   CAPTURE(fiar::to_string(P), fiar_test::dtype_label<T>(), s.world, s.tokens, s.hidden, fiar::to_string(strategy),
-          with_norm_out, weight_bias, in_place);
+          with_norm_out, weight_bias, in_place, group_size_for<T>(quant, s.hidden), fiar::to_string(quant.group_scale));
   const auto outs =
-      run_pattern<P, T, Policy>(s, strategy, with_norm_out, layout, weight_bias, scale, in_place, kFusedArch, topo_of);
-  check_pattern<P, T>(s, outs, with_norm_out, layout, weight_bias, scale);
+      run_pattern<P, T, Policy>(s, strategy, with_norm_out, quant, weight_bias, scale, in_place, kFusedArch, topo_of);
+  check_pattern<P, T>(s, outs, with_norm_out, quant, weight_bias, scale);
 }
 
 }  // namespace fiar_test

@@ -54,6 +54,15 @@ static_assert(to_string(Pattern::ResidualRmsNormPrePost) == std::string_view("re
               pattern_traits(Pattern::ResidualRmsNormPrePost).use[static_cast<int>(FusedTensor::GammaPre)] ==
                   TensorUse::Required &&
               std::same_as<decltype(FusedArgs<float>{}.gamma_pre), const float*>);
+// Per-token-group FP8: group size and scale format in FusedArgs, the scales' size (torch.empty_strided's storage of a
+// [5, 2] int32 tensor with strides (1, 8): 4 x (5 + 1 x 8) bytes).
+static_assert(to_string(Pattern::ResidualRmsNormFp8Group) == std::string_view("residual_rmsnorm_fp8_group") &&
+              pattern_traits(Pattern::ResidualRmsNormFp8Group).quant == Quant::Fp8Group &&
+              FusedArgs<float>{}.group_size == 128 && FusedArgs<float>{}.group_scale == GroupScale::Ue8m0Packed &&
+              to_string(GroupScale::Float32) == std::string_view("float32") && is_valid(GroupScale::Ue8m0Packed));
+static_assert(algo::fp8_group_scale_bytes(5, 1024, 128, GroupScale::Ue8m0Packed) == 4 * (5 + 8) &&
+              algo::fp8_group_scale_bytes(5, 1024, 128, GroupScale::Float32) == 4 * (5 + 7 * 8) &&
+              algo::fp8_group_scale_offset(1, 5, 5, GroupScale::Ue8m0Packed) == 4 * (8 + 1) + 1);
 static_assert(default_oneshot_max_bytes(90, 8) == 128 * 1024 &&
               default_oneshot_max_bytes(Backend::Mnnvl, 90, 8) == 131072);
 static_assert(choose_strategy(8, 16, 1 << 20, 1 << 19) == Strategy::TwoShot);

@@ -248,8 +248,8 @@ struct FusedBuffers {
 struct FusedCall {
   int tokens = 0;
   fiar::Strategy strategy = fiar::Strategy::Auto;
-  fiar::ScaleLayout layout = fiar::ScaleLayout::Swizzled128x4;  ///< NVFP4 block scales
-  bool in_place = false;  ///< out == in; norm_out == in, residual_out == residual_in
+  QuantOptions quant = {};  ///< NVFP4's scale layout, the FP8 groups' size and format
+  bool in_place = false;    ///< out == in; norm_out == in, residual_out == residual_in
   float weight_bias = 0.0f;
 };
 
@@ -272,8 +272,13 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
   const std::size_t count = static_cast<std::size_t>(c.tokens) * static_cast<std::size_t>(hidden);
   constexpr bool fp8 = P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic;
   constexpr bool nvfp4 = P == Pattern::ResidualRmsNormNvfp4;
+  constexpr bool group = P == Pattern::ResidualRmsNormFp8Group;
+  const int group_size = group_size_for<T>(c.quant, hidden);
   const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
-  const std::size_t scale_bytes = nvfp4 ? fiar::algo::nvfp4_scale_bytes(c.tokens, hidden, c.layout) : 0;
+  const std::size_t scale_bytes =
+      nvfp4   ? fiar::algo::nvfp4_scale_bytes(c.tokens, hidden, c.quant.layout)
+      : group ? fiar::algo::fp8_group_scale_bytes(c.tokens, hidden, group_size, c.quant.group_scale)
+              : 0;
   // Host sources stay alive until the stream is synchronized below.
   const std::vector<T> in = make_input<T>(count, rank, 0, false);
   const std::vector<T> residual = residual_of<T>(count, 0);
@@ -303,12 +308,17 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
     a.weight_bias = c.weight_bias;
     a.norm_out = c.in_place ? b.in.p : b.norm_out.p;
   }
-  if constexpr (fp8 || nvfp4) a.quant_out = b.quant.p;
+  if constexpr (fp8 || nvfp4 || group) a.quant_out = b.quant.p;
   if constexpr (P == Pattern::ResidualRmsNormFp8 || nvfp4) a.scale = b.scale.p;
   if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) a.scale_out = b.scale_out.p;
   if constexpr (nvfp4) {
     a.block_scale_out = b.block_scales.p;
-    a.layout = c.layout;
+    a.layout = c.quant.layout;
+  }
+  if constexpr (group) {
+    a.block_scale_out = b.block_scales.p;
+    a.group_size = group_size;
+    a.group_scale = c.quant.group_scale;
   }
 
   FusedResult<T> result;
@@ -333,10 +343,10 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
       download(o.residual_out, c.in_place ? b.residual.p : b.residual_out.p, count, stream);
     download(o.norm_out, c.in_place ? b.in.p : b.norm_out.p, count, stream);
   }
-  if constexpr (fp8 || nvfp4) download(o.quant, b.quant.p, quant_bytes, stream);
+  if constexpr (fp8 || nvfp4 || group) download(o.quant, b.quant.p, quant_bytes, stream);
   if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic)
     download(o.scale_out, b.scale_out.p, static_cast<std::size_t>(c.tokens), stream);
-  if constexpr (nvfp4) download(o.block_scales, b.block_scales.p, scale_bytes, stream);
+  if constexpr (nvfp4 || group) download(o.block_scales, b.block_scales.p, scale_bytes, stream);
   GPU_CHECK(cudaStreamSynchronize(stream));
   ws.check();
   return result;

@@ -46,7 +46,7 @@ struct Case {
 
 Case make_case(Pattern p, Strategy s, int tokens, fiar::ScaleLayout layout, bool in_place, std::string rejected_with) {
   return {p,
-          {.tokens = tokens, .strategy = s, .layout = layout, .in_place = in_place, .weight_bias = kWeightBias},
+          {.tokens = tokens, .strategy = s, .quant = layout, .in_place = in_place, .weight_bias = kWeightBias},
           std::move(rejected_with)};
 }
 
@@ -54,7 +54,8 @@ std::string describe(const Case& c) {
   std::string s = std::string(fiar::to_string(c.pattern)) + ", " + std::string(fiar::to_string(c.call.strategy)) +
                   ", " + std::to_string(c.call.tokens) + " tokens";
   if (c.pattern == Pattern::ResidualRmsNormNvfp4)
-    s += c.call.layout == fiar::ScaleLayout::Linear ? ", linear scales" : ", swizzled scales";
+    s += c.call.quant.layout == fiar::ScaleLayout::Linear ? ", linear scales" : ", swizzled scales";
+  if (c.pattern == Pattern::ResidualRmsNormFp8Group) s += std::string(", ") + fiar::to_string(c.call.quant.group_scale);
   if (c.call.in_place) s += ", in place";
   if (!c.rejected_with.empty()) s += ", must be rejected with '" + c.rejected_with + "'";
   return s;
@@ -73,6 +74,9 @@ void with_pattern(Pattern p, F&& f) {
     case Pattern::ResidualRmsNormNvfp4: f(std::integral_constant<Pattern, Pattern::ResidualRmsNormNvfp4>{}); return;
     case Pattern::RmsNorm: f(std::integral_constant<Pattern, Pattern::RmsNorm>{}); return;
     case Pattern::ResidualRmsNormPrePost: f(std::integral_constant<Pattern, Pattern::ResidualRmsNormPrePost>{}); return;
+    case Pattern::ResidualRmsNormFp8Group:
+      f(std::integral_constant<Pattern, Pattern::ResidualRmsNormFp8Group>{});
+      return;
   }
   throw std::logic_error("unknown pattern");
 }
@@ -93,8 +97,13 @@ std::vector<RankRun<T>> run_cases(int world, int hidden, const std::vector<Case>
   for (const Case& c : cases) {
     max_tokens = std::max(max_tokens, c.call.tokens);
     if (hidden % 16 == 0) {
-      max_scale_bytes = std::max(max_scale_bytes, fiar::algo::nvfp4_scale_bytes(c.call.tokens, hidden, c.call.layout));
+      max_scale_bytes =
+          std::max(max_scale_bytes, fiar::algo::nvfp4_scale_bytes(c.call.tokens, hidden, c.call.quant.layout));
     }
+    max_scale_bytes =
+        std::max(max_scale_bytes, fiar::algo::fp8_group_scale_bytes(c.call.tokens, hidden,
+                                                                    fiar_test::group_size_for<T>(c.call.quant, hidden),
+                                                                    c.call.quant.group_scale));
   }
   return fiar_test::on_ranks(fiar_test::ranks_on_gpu(world), [&](int rank, fiar::InProcessBootstrap& boot) {
     Stream stream;
@@ -142,7 +151,7 @@ void run_and_check(int world, int hidden, const std::vector<Case>& cases) {
     }
     with_pattern(c.pattern, [&](auto p) {
       fiar_test::check_pattern<decltype(p)::value, T>(fiar_test::Shape{world, c.call.tokens, hidden}, outs, true,
-                                                      c.call.layout, kWeightBias, kScale);
+                                                      c.call.quant, kWeightBias, kScale);
     });
   }
 }
@@ -172,10 +181,15 @@ template <class T>
 std::vector<Case> every_pattern(int tokens, bool in_place, int arch) {
   std::vector<Case> cases;
   for (const Strategy s : {Strategy::OneShot, Strategy::TwoShot}) {
-    for (const Pattern p : {Pattern::AllReduce, Pattern::ResidualRmsNorm, Pattern::ResidualRmsNormFp8,
-                            Pattern::ResidualRmsNormFp8Dynamic, Pattern::RmsNorm, Pattern::ResidualRmsNormPrePost}) {
+    for (const Pattern p :
+         {Pattern::AllReduce, Pattern::ResidualRmsNorm, Pattern::ResidualRmsNormFp8, Pattern::ResidualRmsNormFp8Dynamic,
+          Pattern::RmsNorm, Pattern::ResidualRmsNormPrePost, Pattern::ResidualRmsNormFp8Group}) {
       cases.push_back(make_case(p, s, tokens, fiar::ScaleLayout::Swizzled128x4, in_place, ""));
     }
+    // The FP8 groups' fp32 scales too (the packed exponents above).
+    Case f32 = make_case(Pattern::ResidualRmsNormFp8Group, s, tokens, fiar::ScaleLayout::Swizzled128x4, in_place, "");
+    f32.call.quant.group_scale = fiar::GroupScale::Float32;
+    cases.push_back(f32);
     add_nvfp4_cases<T>(cases, s, arch, in_place);
   }
   return cases;

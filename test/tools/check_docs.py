@@ -22,6 +22,7 @@ BUDGETS = {
     "docs/api.md": 600,
     "docs/backends.md": 780,
     "docs/design.md": 1280,
+    "docs/formats.md": 200,
     "docs/performance.md": 560,
     "docs/troubleshooting.md": 1900,
 }

@@ -231,6 +231,9 @@ FIAR_CASE_TEST("in place fused: out == in, norm_out == in, residual_out == resid
   fiar_test::run_and_check<Pattern::ResidualRmsNormPrePost, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
   fiar_test::run_and_check<Pattern::ResidualRmsNormPrePost, T, P>(s, strategy, true, {}, 1.0f, 1.0f, false, topo);
   fiar_test::run_and_check<Pattern::ResidualRmsNormFp8Dynamic, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
+  fiar_test::run_and_check<Pattern::ResidualRmsNormFp8Group, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
+  fiar_test::run_and_check<Pattern::ResidualRmsNormFp8Group, T, P>(
+      s, strategy, false, fiar_test::QuantOptions(64, fiar::GroupScale::Float32), 1.0f, 1.0f, false, topo);
   if constexpr (sizeof(T) == 2) {
     fiar_test::run_and_check<Pattern::ResidualRmsNormNvfp4, T, P>(s, strategy, true, {}, 0.0f, 100.0f, true, topo);
   }
@@ -338,6 +341,20 @@ FIAR_CASE_TEST("fused calls are checked against the pattern before anything runs
     reject([&] { rmsnorm(but([&](auto& b) { b.residual_out = res.data() + 8; })); });
     reject([&] { ws.template run<Pattern::ResidualRmsNormFp8>(but([&](auto& b) { b.quant_out = q.data(); })); });
     reject([&] { rmsnorm(but([](auto& b) { b.eps = -1e-7f; })); });
+    // Per-token-group FP8: the group size (hidden 64 holds no group of 128; 24 is 3 vectors of bf16, 6 of float),
+    // its format, and block_scale_out's int32 / fp32 alignment.
+    const auto group = [&](auto change) {
+      auto b = a;
+      b.quant_out = q.data();
+      b.block_scale_out = sf.data();
+      b.group_size = 16;
+      change(b);
+      ws.template run<Pattern::ResidualRmsNormFp8Group>(b);
+    };
+    reject([&] { group([](auto& b) { b.group_size = 128; }); });
+    reject([&] { group([](auto& b) { b.group_size = 24; }); });
+    reject([&] { group([](auto& b) { b.group_scale = static_cast<fiar::GroupScale>(9); }); });
+    reject([&] { group([&](auto& b) { b.block_scale_out = sf.data() + 1; }); });
     // Values cast from integers outside their enumerations are rejected, not run as some default.
     reject([&] { ws.template run<Pattern::ResidualRmsNorm>(a, nullptr, static_cast<Strategy>(7)); });
     if constexpr (sizeof(T) == 2) {
@@ -373,6 +390,11 @@ FIAR_CASE_TEST("fused calls are checked against the pattern before anything runs
         {"overlaps residual_in"},
         {"scale is a null pointer; residual_rmsnorm_fp8 needs it"},
         {"eps = -1e-07, weight_bias = 0;"},  // the value as given, not -0.000000
+        {"residual_rmsnorm_fp8_group on rank", "group_size = 128 for",
+         "with hidden_dim = 64; allowed:", "dividing hidden_dim"},
+        {"group_size = 24 for"},
+        {"GroupScale value 9 is not a format; allowed: ue8m0_packed, float32"},
+        {"block_scale_out = 0x", "is not 4-byte aligned"},
         {"Strategy value 7 is not a strategy; allowed: auto, oneshot, twoshot"},
     };
     if constexpr (sizeof(T) == 2) {

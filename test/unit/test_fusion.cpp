@@ -31,6 +31,7 @@ TEMPLATE_TEST_CASE("every pattern x world size x hidden size matches the referen
   run_and_check<Pattern::ResidualRmsNormPrePost, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, strategy, true);
+  run_and_check<Pattern::ResidualRmsNormFp8Group, TestType>(s, strategy, true);
   if constexpr (sizeof(TestType) == 2) run_and_check<Pattern::ResidualRmsNormNvfp4, TestType>(s, strategy, true);
 }
 
@@ -83,6 +84,31 @@ TEST_CASE("NVFP4: token counts around 128 (row padding) and both scale layouts",
   const int tokens = GENERATE(1, 127, 128, 130);
   const auto layout = GENERATE(fiar::ScaleLayout::Swizzled128x4, fiar::ScaleLayout::Linear);
   run_and_check<Pattern::ResidualRmsNormNvfp4, __half>({2, tokens, 80}, Strategy::Auto, true, layout, 0.0f, 336.0f);
+}
+
+// Per-token-group FP8 with every group size a call may use (1 to 32 vectors: on the emulator's 16-lane clusters a
+// group of 32 spans two of a lane's rounds), both scale formats, token counts around the 4-row padding, and 6 groups
+// per token (the packed format's last pack half full): bit for bit against the reference with norm_out, and the same
+// codes and scales without it.
+TEMPLATE_TEST_CASE("residual_rmsnorm_fp8_group: every group size, both formats, padding rows and packs", "[fusion]",
+                   float, __nv_bfloat16) {
+  using T = TestType;
+  const int per_vec = static_cast<int>(16 / sizeof(T));
+  const int group = per_vec * GENERATE(1, 2, 4, 8, 16, 32);
+  const auto format = GENERATE(fiar::GroupScale::Ue8m0Packed, fiar::GroupScale::Float32);
+  const int tokens = GENERATE(1, 4, 5);
+  const Shape s{3, tokens, 6 * group};
+  const Strategy strategy = group / per_vec % 4 == 0 ? Strategy::TwoShot : Strategy::OneShot;
+  const fiar_test::QuantOptions quant(group, format);
+  CAPTURE(group, fiar::to_string(format), tokens);
+  const auto with_norm =
+      fiar_test::run_pattern<Pattern::ResidualRmsNormFp8Group, T>(s, strategy, true, quant, 0.0f, 1.0f, false);
+  fiar_test::check_pattern<Pattern::ResidualRmsNormFp8Group, T>(s, with_norm, true, quant, 0.0f, 1.0f);
+  const auto without =
+      fiar_test::run_pattern<Pattern::ResidualRmsNormFp8Group, T>(s, strategy, false, quant, 0.0f, 1.0f, false);
+  fiar_test::check_pattern<Pattern::ResidualRmsNormFp8Group, T>(s, without, false, quant, 0.0f, 1.0f);
+  CHECK(without[0].quant == with_norm[0].quant);
+  CHECK(without[0].block_scales == with_norm[0].block_scales);
 }
 
 // RmsNorm's math is ResidualRmsNorm's with a zero residual (T(sum + 0) is the sum: no element of it is -0), so its

@@ -118,10 +118,18 @@ std::vector<std::uint8_t> row_bytes(const fiar_test::Outputs<T>& o, int token, i
   if (!o.out.empty()) add(o.out.data() + row, sizeof(T) * hidden);
   if (!o.residual_out.empty()) add(o.residual_out.data() + row, sizeof(T) * hidden);
   if (!o.norm_out.empty()) add(o.norm_out.data() + row, sizeof(T) * hidden);
-  if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic) {
+  if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic ||
+                P == Pattern::ResidualRmsNormFp8Group) {
     add(o.quant.data() + row, static_cast<std::size_t>(hidden));
   }
   if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) add(o.scale_out.data() + token, sizeof(float));
+  if constexpr (P == Pattern::ResidualRmsNormFp8Group) {  // the row's scale bytes (their places follow the batch)
+    const int group = fiar_test::group_size_for<T>({}, hidden);
+    const int tokens = static_cast<int>(o.quant.size()) / hidden;
+    for (int g = 0; g < hidden / group; ++g) {
+      b.push_back(o.block_scales[fiar_test::group_scale_at(token, g, tokens, fiar::GroupScale::Ue8m0Packed)]);
+    }
+  }
   if constexpr (P == Pattern::ResidualRmsNormNvfp4) {
     add(o.quant.data() + row / 2, static_cast<std::size_t>(hidden) / 2);
     for (int u = 0; u < hidden / 16; ++u) {
@@ -181,9 +189,16 @@ std::vector<std::vector<std::vector<std::uint8_t>>> probe(
           a.eps = 1e-5f;
         }
         if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormNvfp4) a.scale = &scale;
-        if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic) {
+        if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic ||
+                      P == Pattern::ResidualRmsNormFp8Group) {
           o.quant.assign(count, 0xAA);
           a.quant_out = o.quant.data();
+        }
+        if constexpr (P == Pattern::ResidualRmsNormFp8Group) {
+          a.group_size = fiar_test::group_size_for<T>({}, hidden);
+          o.block_scales.assign(fiar::algo::fp8_group_scale_bytes(run.tokens, hidden, a.group_size, a.group_scale),
+                                0xAA);
+          a.block_scale_out = o.block_scales.data();
         }
         if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) {
           o.scale_out.assign(static_cast<std::size_t>(run.tokens), -1.0f);
@@ -266,6 +281,7 @@ FIAR_CASE_TEST("a row's output bytes are the same alone and anywhere in a batch 
     check_invariance<Pattern::RmsNorm, C>();
     check_invariance<Pattern::ResidualRmsNormPrePost, C>();
     check_invariance<Pattern::ResidualRmsNormFp8, C>();
+    check_invariance<Pattern::ResidualRmsNormFp8Group, C>();
     if constexpr (sizeof(typename C::value_type) == 2) check_invariance<Pattern::ResidualRmsNormNvfp4, C>();
   }
 }

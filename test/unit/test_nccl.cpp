@@ -45,10 +45,9 @@ void run_and_check(int world, const fiar::WorkspaceConfig& cfg, int calls, const
 
 // The harness's fused-pattern check (test_fusion.cpp's tensors and reference) with Strategy::Auto.
 template <Pattern P, class T>
-void check_fused(const fiar_test::Shape& s, bool with_norm_out,
-                 fiar::ScaleLayout layout = fiar::ScaleLayout::Swizzled128x4, float weight_bias = 0.0f,
-                 float scale = 0.75f) {
-  fiar_test::run_and_check<P, T, NcclPolicy>(s, Strategy::Auto, with_norm_out, layout, weight_bias, scale,
+void check_fused(const fiar_test::Shape& s, bool with_norm_out, const fiar_test::QuantOptions& quant = {},
+                 float weight_bias = 0.0f, float scale = 0.75f) {
+  fiar_test::run_and_check<P, T, NcclPolicy>(s, Strategy::Auto, with_norm_out, quant, weight_bias, scale,
                                              /*in_place=*/false, anywhere);
 }
 
@@ -64,6 +63,8 @@ TEMPLATE_TEST_CASE("nccl: every fused pattern matches the reference", "[nccl]", 
   check_fused<Pattern::ResidualRmsNormFp8, TestType>(s, false, {}, 1.0f, 0.02f);
   check_fused<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, true);
   check_fused<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, false);
+  check_fused<Pattern::ResidualRmsNormFp8Group, TestType>(s, true,
+                                                          fiar_test::QuantOptions(0, fiar::GroupScale::Float32));
   if constexpr (sizeof(TestType) == 2) {
     check_fused<Pattern::ResidualRmsNormNvfp4, TestType>(s, true);
     check_fused<Pattern::ResidualRmsNormNvfp4, TestType>(s, false, fiar::ScaleLayout::Linear);

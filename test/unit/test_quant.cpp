@@ -447,6 +447,49 @@ TEST_CASE("quant: fp8_dynamic_scale", "[quant]") {
   CHECK(bad_quant == 0);
 }
 
+// The group scale against its definition restated with frexp (the smallest power of two at or above
+// max(amax / 448, 1e-10)), on non-negative floats from 0 to +inf, exact multiples 448 x 2^k (no rounding up) and
+// their neighbours; every code of a group it scales fits e4m3 (|n| / y <= 448). pow2_reciprocal against the
+// division for every power of two; ue8m0_of is the biased exponent.
+TEST_CASE("quant: fp8_group_scale, pow2_reciprocal, ue8m0_of", "[quant]") {
+  using fiar::algo::fp8_group_scale;
+  auto want = [](float amax) {
+    const float y0 = std::max(amax / 448.0f, 1e-10f);
+    if (std::isinf(y0)) return y0;
+    int e = 0;
+    const float m = std::frexp(y0, &e);
+    return m == 0.5f ? y0 : std::ldexp(1.0f, e);
+  };
+  std::size_t checked = 0, bad = 0, too_small = 0;
+  std::string first;
+  auto check = [&](float amax) {
+    ++checked;
+    const float y = fp8_group_scale(amax);
+    if (!same_float(y, want(amax)) && bad++ == 0) first = "amax " + describe(amax) + ": got " + describe(y);
+    if (std::isfinite(y) && amax / y > 448.0f) ++too_small;
+  };
+  for (std::uint64_t b = 0; b <= 0x7f800000u; b += 65521) check(from_bits(static_cast<std::uint32_t>(b)));
+  for (int k = -40; k < 100; ++k) {
+    const float exact = std::ldexp(448.0f, k);
+    for (float x : {exact, std::nextafter(exact, 0.0f), std::nextafter(exact, INFINITY)}) check(x);
+  }
+  CHECK(fp8_group_scale(0.0f) == std::ldexp(1.0f, -33));  // 1e-10 rounded up
+  CHECK(fp8_group_scale(448.0f) == 1.0f);
+  CHECK(fp8_group_scale(449.0f) == 2.0f);
+  INFO(first);
+  CHECK(checked > 30000);
+  CHECK(bad == 0);
+  CHECK(too_small == 0);
+  int wrong = 0;
+  for (int e = -126; e <= 127; ++e) {
+    const float y = std::ldexp(1.0f, e);
+    wrong += !same_float(fiar::algo::pow2_reciprocal(y), 1.0f / y);
+    wrong += fiar::algo::ue8m0_of(y) != e + 127;
+  }
+  wrong += fiar::algo::pow2_reciprocal(INFINITY) != 0.0f;
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("quant: NVFP4 scale layouts", "[quant]") {
   using fiar::algo::nvfp4_scale_bytes;
   using fiar::algo::nvfp4_scale_cols;

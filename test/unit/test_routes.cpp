@@ -182,6 +182,7 @@ TEMPLATE_TEST_CASE("routes: every fused pattern through the NCCL route matches t
   run_and_check<Pattern::ResidualRmsNormPrePost, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
   run_and_check<Pattern::ResidualRmsNormFp8, TestType, MnnvlPolicy>(s, Strategy::Nccl, false);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
+  run_and_check<Pattern::ResidualRmsNormFp8Group, TestType, MnnvlPolicy>(s, Strategy::Nccl, true);
   if constexpr (sizeof(TestType) == 2) {
     run_and_check<Pattern::ResidualRmsNormNvfp4, TestType, MnnvlPolicy>(s, Strategy::Nccl, true);
   }

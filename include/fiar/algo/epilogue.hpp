@@ -250,6 +250,62 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
         store_fp8<T>(qrow, v, q);
       }
       if (ctx.cluster_rank() == 0 && ctx.lane() == 0) e.scale_out[token] = token_scale;
+    } else if constexpr (kTraits.quant == Quant::Fp8Group) {
+      // Per-token-group FP8: a group is group_size / kE consecutive vectors (a power of two up to 32, so on the GPU one
+      // run of lanes of a warp: these loops advance a warp together, every lane calling group_max), its scale
+      // fp8_group_scale of the group's largest |n|. The first loop hands each vector's largest |n| to the emulator,
+      // which has no warps (on the GPU group_max_add is empty and the loop compiles to nothing); the second takes the
+      // group's maximum, quantizes, and the lane of the group's first vector writes its scale.
+      const int group_vecs = e.group_size / kE;
+      int group_shift = 0;  // log2(group_vecs): the group of vector v is v >> group_shift (no integer division)
+      while ((2 << group_shift) <= group_vecs) ++group_shift;
+      auto largest = [](const Elems<T>& n) {
+        float m = 0.0f;
+        FIAR_UNROLL
+        for (int i = 0; i < kE; ++i) m = fmaxf(m, fabsf(to_float(n.e[i])));
+        return m;
+      };
+      FIAR_NO_UNROLL
+      for (int v0 = first - sub; v0 < vecs_per_token; v0 += step) {
+        const int v = v0 + sub;
+        if (v < vecs_per_token) ctx.group_max_add(v, largest(norm_vec<T>(y_of(v), s, e, gamma_of(v))));
+      }
+      ctx.group_max_sync();
+      const int groups = vecs_per_token >> group_shift;
+      std::uint8_t* qrow = static_cast<std::uint8_t*>(e.quant_out) + static_cast<std::size_t>(token) * hidden;
+      auto* scales = static_cast<std::uint8_t*>(e.block_scale_out);
+      FIAR_NO_UNROLL
+      for (int v0 = first - sub; v0 < vecs_per_token; v0 += step) {
+        const int v = v0 + sub;
+        const bool mine = v < vecs_per_token;
+        Elems<T> n{};
+        float amax = 0.0f;
+        if (mine) {
+          n = norm_vec<T>(y_of(v), s, e, gamma_of(v));
+          if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
+          amax = largest(n);
+        }
+        const float y = fp8_group_scale(ctx.group_max(v, amax, group_vecs));
+        if (!mine) continue;
+        const float inv_y = pow2_reciprocal(y);  // n x (1 / y) is n / y exactly: y is a power of two
+        std::uint8_t q[kE];
+        FIAR_UNROLL
+        for (int i = 0; i < kE; ++i) q[i] = to_fp8_e4m3(to_float(n.e[i]) * inv_y);
+        store_fp8<T>(qrow, v, q);
+        if ((v & (group_vecs - 1)) != 0) continue;
+        const int g = v >> group_shift;
+        const std::size_t at = fp8_group_scale_offset(token, g, e.num_tokens, e.group_scale);
+        if (e.group_scale == GroupScale::Float32) {
+          *reinterpret_cast<float*>(scales + at) = y;
+        } else {
+          scales[at] = ue8m0_of(y);
+          // The last pack's bytes past the last group are zero.
+          if (g == groups - 1) {
+            FIAR_NO_UNROLL
+            for (int j = g % 4 + 1; j < 4; ++j) scales[at - g % 4 + j] = 0;
+          }
+        }
+      }
     } else {
       static_assert(kTraits.quant == Quant::Nvfp4, "a pattern row names a quantization this epilogue has no math for");
       // One 16-element block = two vectors of 16-bit elements per lane. Float input is rejected on the
@@ -300,9 +356,23 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
 /// m + 64 and m + 96 of 4 columns: a line of padding rows only is one 16-byte store; a line that also holds real
 /// rows gets a 4-byte store per padding row (the real rows' bytes are written with their rows). The padding columns
 /// of real rows are written with their row.
+///
+/// Per-token-group FP8: zero the padding rows [num_tokens, round_up(num_tokens, 4)) of every scale column but the
+/// last (which ends at row num_tokens: fp8_group_scale_bytes), 4 bytes each, spread over every lane of the grid.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void finish_call_outputs(Ctx& ctx, const EpilogueParams<T>& e, int num_tokens, int hidden) {
+  if constexpr (pattern_traits(P).quant == Quant::Fp8Group) {
+    const int rows = fp8_group_scale_rows(num_tokens);
+    const int columns = fp8_group_scale_cols(hidden, e.group_size, e.group_scale) - 1;
+    auto* words = static_cast<std::uint32_t*>(e.block_scale_out);
+    FIAR_NO_UNROLL
+    for (int c = ctx.block() * ctx.lanes() + ctx.lane(); c < columns; c += ctx.blocks() * ctx.lanes()) {
+      FIAR_NO_UNROLL
+      for (int t = num_tokens; t < rows; ++t)
+        words[static_cast<std::size_t>(c) * static_cast<std::size_t>(rows) + t] = 0u;
+    }
+  }
   if constexpr (pattern_traits(P).quant == Quant::Nvfp4) {
     if (e.layout != ScaleLayout::Swizzled128x4 || num_tokens % 128 == 0) return;
     const int k_tiles = round_up(nvfp4_scale_cols(hidden), 4) / 4;

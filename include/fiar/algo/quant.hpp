@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// fiar/algo/quant.hpp — the quantized formats the fused epilogues write: FP8 e4m3 and NVFP4 (e2m1 values,
-// e4m3 block scales) with its scale-factor layouts.
+// fiar/algo/quant.hpp — the quantized formats the fused epilogues write: FP8 e4m3 (per tensor, per token, per group
+// of a token with power-of-two scales) and NVFP4 (e2m1 values, e4m3 block scales), with their scale layouts.
 // Contract: conversions are the CUDA ones (cuda_fp8.h / cuda_fp4.h: round to nearest even, saturating to
 // the largest finite value), identical on host and device; layouts are pure functions of their indices.
 #pragma once
@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "../core/pattern.hpp"
 #include "../core/prelude.hpp"
@@ -90,6 +91,70 @@ FIAR_HD constexpr std::size_t nvfp4_scale_offset(int m, int k, int hidden_dim, S
   return static_cast<std::size_t>(m / 128) * k_tiles * 512 + static_cast<std::size_t>(k / 4) * 512 +
          static_cast<std::size_t>(m % 32) * 16 + static_cast<std::size_t>((m % 128) / 32) * 4 +
          static_cast<std::size_t>(k % 4);
+}
+
+/// The per-token-group FP8 scale of a group whose largest magnitude is amax: y = max(amax / 448, 1e-10), then rounded
+/// up to a power of two (a non-zero mantissa carries into the exponent), so that n / y is exact and the scale is one
+/// exponent byte (UE8M0). FlashInfer's and DeepGEMM's scale. amax / 448 is the fp64 product with 1 / 448 rounded to
+/// fp32, which is the IEEE fp32 quotient for every amax (448 = 7 x 2^6: a quotient that is not exact lies at least
+/// 2^-27 of itself from every fp32 rounding midpoint, the product within 2^-51; test_quant checks a sweep), without
+/// the division routine.
+FIAR_HD inline float fp8_group_scale(float amax) {
+  const float y = static_cast<float>(static_cast<double>(amax) * (1.0 / 448.0));
+  const float floor = 1e-10f;
+  const float clamped = y > floor ? y : floor;
+  std::uint32_t bits;
+  memcpy(&bits, &clamped, sizeof(bits));
+  if ((bits & 0x7fffffu) != 0) bits = (bits + 0x800000u) & 0x7f800000u;
+  float out;
+  memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+/// 1 / y for a power of two y (exact: the reciprocal is a power of two too; 2^-127 is subnormal, 0 for an infinite y),
+/// from the exponent bits, so that n x (1 / y) is the IEEE quotient n / y on both machines without a division.
+FIAR_HD inline float pow2_reciprocal(float y) {
+  std::uint32_t bits;
+  memcpy(&bits, &y, sizeof(bits));
+  const std::uint32_t e = (bits >> 23) & 0xffu;
+  const std::uint32_t r = e >= 255u ? 0u : e == 254u ? 0x00400000u : (254u - e) << 23;
+  float out;
+  memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+/// The exponent byte of a power-of-two fp32 scale (its biased exponent), as GroupScale::Ue8m0Packed stores it.
+FIAR_HD inline std::uint8_t ue8m0_of(float power_of_two) {
+  std::uint32_t bits;
+  memcpy(&bits, &power_of_two, sizeof(bits));
+  return static_cast<std::uint8_t>(bits >> 23);
+}
+
+/// Rows of each column of the group-scale tensor: num_tokens rounded up to 4 (the column stride, in 4-byte elements).
+FIAR_HD constexpr int fp8_group_scale_rows(int num_tokens) { return round_up(num_tokens, 4); }
+
+/// Its 4-byte columns: one per group (Float32), or one per 4 groups (Ue8m0Packed); 0 for a group_size below 1.
+FIAR_HD constexpr int fp8_group_scale_cols(int hidden_dim, int group_size, GroupScale format) {
+  const int groups = group_size > 0 ? hidden_dim / group_size : 0;
+  return format == GroupScale::Ue8m0Packed ? (groups + 3) / 4 : groups;
+}
+
+/// Bytes of the group-scale tensor for num_tokens rows: a [num_tokens, cols] tensor of 4-byte elements with strides
+/// (1, fp8_group_scale_rows(num_tokens)), 4 x (num_tokens + (cols - 1) x rows) bytes (torch.empty_strided's
+/// storage: the last column ends at row num_tokens).
+FIAR_HD constexpr std::size_t fp8_group_scale_bytes(int num_tokens, int hidden_dim, int group_size, GroupScale format) {
+  const int cols = fp8_group_scale_cols(hidden_dim, group_size, format);
+  if (cols < 1 || num_tokens < 1) return 0;
+  return 4 * (static_cast<std::size_t>(num_tokens) +
+              static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(fp8_group_scale_rows(num_tokens)));
+}
+
+/// Byte offset of the scale of (token t, group g): Float32 at element g x rows + t; Ue8m0Packed byte g % 4 of the
+/// int32 element (g / 4) x rows + t (little-endian: byte j holds group 4p + j).
+FIAR_HD constexpr std::size_t fp8_group_scale_offset(int t, int g, int num_tokens, GroupScale format) {
+  const auto rows = static_cast<std::size_t>(fp8_group_scale_rows(num_tokens));
+  if (format == GroupScale::Float32) return 4 * (static_cast<std::size_t>(g) * rows + static_cast<std::size_t>(t));
+  return 4 * (static_cast<std::size_t>(g / 4) * rows + static_cast<std::size_t>(t)) + static_cast<std::size_t>(g % 4);
 }
 
 }  // namespace algo

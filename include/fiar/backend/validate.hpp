@@ -116,9 +116,16 @@ inline void validate_call_basics(int rank, Pattern pattern, Strategy strategy, c
   }
 }
 
+// How a call's block_scale_out is laid out: the NVFP4 layout, or the FP8 groups and their format.
+struct ScaleShape {
+  ScaleLayout layout = ScaleLayout::Swizzled128x4;
+  int group_size = 0;
+  GroupScale group_scale = GroupScale::Ue8m0Packed;
+};
+
 // Bytes of tensor t of a call of a pattern (rows tokens, hidden elements of elem_bytes each per row).
 constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, std::size_t elem_bytes, std::size_t rows,
-                                   std::size_t hidden, ScaleLayout layout) {
+                                   std::size_t hidden, const ScaleShape& scales) {
   switch (t) {
     case FusedTensor::Gamma:
     case FusedTensor::GammaPre: return hidden * elem_bytes;
@@ -126,16 +133,20 @@ constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, s
     case FusedTensor::Scale: return sizeof(float);
     case FusedTensor::ScaleOut: return rows * sizeof(float);
     case FusedTensor::BlockScaleOut:
+      if (traits.quant == Quant::Fp8Group) {
+        return algo::fp8_group_scale_bytes(static_cast<int>(rows), static_cast<int>(hidden), scales.group_size,
+                                           scales.group_scale);
+      }
       return algo::nvfp4_scale_bytes(static_cast<int>(rows), static_cast<int>(hidden),
-                                     is_valid(layout) ? layout : ScaleLayout::Linear);
+                                     is_valid(scales.layout) ? scales.layout : ScaleLayout::Linear);
     default: return rows * hidden * elem_bytes;
   }
 }
-constexpr std::size_t tensor_alignment(FusedTensor t) {
+constexpr std::size_t tensor_alignment(FusedTensor t, const PatternTraits& traits) {
   switch (t) {
     case FusedTensor::Scale:
     case FusedTensor::ScaleOut: return alignof(float);
-    case FusedTensor::BlockScaleOut: return 1;
+    case FusedTensor::BlockScaleOut: return traits.quant == Quant::Fp8Group ? 4 : 1;  // int32 / fp32 elements
     default: return 16;
   }
 }
@@ -162,9 +173,19 @@ struct CallView {
   int rank;
   float eps;
   float weight_bias;
-  ScaleLayout layout;
+  ScaleShape scales;
   const void* tensors[kFusedTensorCount];
 };
+
+// The group sizes a call of per-token-group FP8 may use for elements of elem_bytes: "8, 16, 32, 64, 128 or 256".
+inline std::string group_sizes_text(std::size_t elem_bytes) {
+  const int per_vec = static_cast<int>(16 / elem_bytes);
+  std::string text;
+  for (int vecs = 1; vecs <= exec::kTokenSumChunk; vecs *= 2) {
+    text += (vecs == 1 ? "" : vecs == exec::kTokenSumChunk ? " or " : ", ") + std::to_string(vecs * per_vec);
+  }
+  return text;
+}
 
 // The pattern's rules for one call, from its row of the pattern table: the element type, the architecture and the
 // hidden size it needs, its scalar parameters, every tensor it uses set (and every output it does not use null),
@@ -200,15 +221,33 @@ void validate_call_view(const CallView& c, const Pf& platform) {
                                 "epsilon and 0 (or 1 for (1 + gamma) norms).");
   }
   auto use = [&](FusedTensor t) { return traits.use[static_cast<int>(t)]; };
-  if (use(FusedTensor::BlockScaleOut) != TensorUse::Unused && !is_valid(c.layout)) {
-    throw std::invalid_argument(where() + "ScaleLayout value " + std::to_string(static_cast<int>(c.layout)) +
+  if (traits.quant == Quant::Nvfp4 && !is_valid(c.scales.layout)) {
+    throw std::invalid_argument(where() + "ScaleLayout value " + std::to_string(static_cast<int>(c.scales.layout)) +
                                 " is not a layout; allowed: swizzled128x4, linear. Fix: pass "
                                 "fiar::ScaleLayout::Swizzled128x4 or Linear.");
+  }
+  if (traits.quant == Quant::Fp8Group) {
+    if (!is_valid(c.scales.group_scale)) {
+      throw std::invalid_argument(where() + "GroupScale value " +
+                                  std::to_string(static_cast<int>(c.scales.group_scale)) +
+                                  " is not a format; allowed: ue8m0_packed, float32. Fix: pass "
+                                  "fiar::GroupScale::Ue8m0Packed or Float32.");
+    }
+    const int per_vec = static_cast<int>(16 / c.elem_bytes);
+    const int g = c.scales.group_size;
+    const int vecs = g > 0 && g % per_vec == 0 ? g / per_vec : 0;
+    if (vecs < 1 || vecs > exec::kTokenSumChunk || (vecs & (vecs - 1)) != 0 || c.hidden_dim % g != 0) {
+      throw std::invalid_argument(where() + "group_size = " + std::to_string(g) + " for " + std::string(c.dtype) +
+                                  " with hidden_dim = " + std::to_string(c.hidden_dim) +
+                                  "; allowed: " + group_sizes_text(c.elem_bytes) +
+                                  " elements (a power-of-two number of 16-byte vectors, at most 32) dividing "
+                                  "hidden_dim. Fix: pass the GEMM's quantization group (128 for DeepGEMM).");
+    }
   }
   const auto rows = static_cast<std::size_t>(c.num_tokens);
   const auto hidden = static_cast<std::size_t>(c.hidden_dim);
   auto label = [](FusedTensor t) { return kFusedTensorNames[static_cast<int>(t)]; };
-  auto bytes = [&](FusedTensor t) { return tensor_bytes(t, traits, c.elem_bytes, rows, hidden, c.layout); };
+  auto bytes = [&](FusedTensor t) { return tensor_bytes(t, traits, c.elem_bytes, rows, hidden, c.scales); };
   for (int i = 0; i < kFusedTensorCount; ++i) {
     const auto t = static_cast<FusedTensor>(i);
     const void* ptr = c.tensors[i];
@@ -221,7 +260,7 @@ void validate_call_view(const CallView& c, const Pf& platform) {
                                   " does not write it. Fix: pass nullptr, or the pattern that produces it.");
     }
     if (u == TensorUse::Unused || ptr == nullptr) continue;
-    const std::size_t align = tensor_alignment(t);
+    const std::size_t align = tensor_alignment(t, traits);
     if (reinterpret_cast<std::uintptr_t>(ptr) % align != 0) {
       throw std::invalid_argument(where() + label(t) + " = " + pointer_text(ptr) + " is not " + std::to_string(align) +
                                   "-byte aligned. Fix: allocate with cudaMalloc or align the tensor to " +
@@ -253,8 +292,17 @@ void validate_call_view(const CallView& c, const Pf& platform) {
 // validate_call_view for a call of pattern P on element type T.
 template <Pattern P, ReduceType T, class Pf>
 void validate_fused(const FusedArgs<T>& a, int hidden_dim, int arch, int rank, const Pf& platform) {
-  CallView c{&pattern_traits(P), sizeof(T), dtype_name<T>(), a.num_tokens, hidden_dim, arch, rank, a.eps, a.weight_bias,
-             a.layout,           {}};
+  CallView c{&pattern_traits(P),
+             sizeof(T),
+             dtype_name<T>(),
+             a.num_tokens,
+             hidden_dim,
+             arch,
+             rank,
+             a.eps,
+             a.weight_bias,
+             ScaleShape{a.layout, a.group_size, a.group_scale},
+             {}};
   for (int i = 0; i < kFusedTensorCount; ++i) c.tensors[i] = tensor_address(a, static_cast<FusedTensor>(i));
   validate_call_view(c, platform);
 }

@@ -87,20 +87,26 @@ template <ReduceType T>
 struct FusedArgs {
   const T* in = nullptr;  ///< this rank's contribution
   int num_tokens = 0;
-  T* out = nullptr;                 ///< Pattern::AllReduce: the sum (may equal in)
-  const T* residual_in = nullptr;   ///< residual patterns (ResidualRmsNorm*)
-  T* residual_out = nullptr;        ///< residual patterns: sum + residual_in (may equal residual_in)
-  const T* gamma = nullptr;         ///< norm patterns: [hidden_dim]
-  float eps = 1e-6f;                ///< RMSNorm epsilon
-  float weight_bias = 0.0f;         ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
-  T* norm_out = nullptr;            ///< ResidualRmsNorm, RmsNorm: required; quant patterns: optional (may equal in)
-  void* quant_out = nullptr;        ///< fp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
-  const float* scale = nullptr;     ///< fp8 static: the per-tensor scale; nvfp4: the global scale (device scalar)
-  float* scale_out = nullptr;       ///< fp8 dynamic: [num_tokens] per-token scales
-  void* block_scale_out = nullptr;  ///< nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout)
+  T* out = nullptr;                ///< Pattern::AllReduce: the sum (may equal in)
+  const T* residual_in = nullptr;  ///< residual patterns (ResidualRmsNorm*)
+  T* residual_out = nullptr;       ///< residual patterns: sum + residual_in (may equal residual_in)
+  const T* gamma = nullptr;        ///< norm patterns: [hidden_dim]
+  float eps = 1e-6f;               ///< RMSNorm epsilon
+  float weight_bias = 0.0f;        ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
+  T* norm_out = nullptr;           ///< ResidualRmsNorm, RmsNorm: required; quant patterns: optional (may equal in)
+  void* quant_out = nullptr;       ///< fp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
+  const float* scale = nullptr;    ///< fp8 static: the per-tensor scale; nvfp4: the global scale (device scalar)
+  float* scale_out = nullptr;      ///< fp8 dynamic: [num_tokens] per-token scales
+  /// nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout); fp8 group: the group scales,
+  /// fp8_group_scale_bytes(num_tokens, hidden_dim, group_size, group_scale)
+  void* block_scale_out = nullptr;
   ScaleLayout layout = ScaleLayout::Swizzled128x4;  ///< nvfp4 block-scale layout
   const T* gamma_pre =
       nullptr;  ///< ResidualRmsNormPrePost: the first norm's weight, [hidden_dim] (gamma: the second's)
+  /// fp8 group: elements per scale group, a power-of-two multiple of the 16-byte vector's elements (8 for half / bf16,
+  /// 4 for float), at most 32 vectors, dividing hidden_dim
+  int group_size = 128;
+  GroupScale group_scale = GroupScale::Ue8m0Packed;  ///< fp8 group: how block_scale_out stores the scales
 };
 
 /// The address of tensor t of a call (null when unset).

@@ -18,12 +18,16 @@
   X(__VA_ARGS__, ResidualRmsNorm)           \
   X(__VA_ARGS__, ResidualRmsNormFp8)        \
   X(__VA_ARGS__, ResidualRmsNormFp8Dynamic) \
-  X(__VA_ARGS__, ResidualRmsNormNvfp4) X(__VA_ARGS__, RmsNorm) X(__VA_ARGS__, ResidualRmsNormPrePost)
+  X(__VA_ARGS__, ResidualRmsNormNvfp4)      \
+  X(__VA_ARGS__, RmsNorm)                   \
+  X(__VA_ARGS__, ResidualRmsNormPrePost)    \
+  X(__VA_ARGS__, ResidualRmsNormFp8Group)
 
 FIAR_BEGIN_NAMESPACE
 
-/// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5;
-/// TensorRT-LLM's AllReduceFusionOp 9 for RmsNorm, 3 for ResidualRmsNormPrePost).
+/// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5, then
+/// TensorRT-LLM's AllReduceFusionOp 9 for RmsNorm, 3 for ResidualRmsNormPrePost, FlashInfer's 8/9 for
+/// ResidualRmsNormFp8Group).
 enum class Pattern {
   AllReduce,                  ///< out = sum
   ResidualRmsNorm,            ///< residual_out = sum + residual_in; norm_out = RMSNorm(residual_out)
@@ -32,6 +36,7 @@ enum class Pattern {
   ResidualRmsNormNvfp4,       ///< ... then NVFP4: e2m1 values in 16-element blocks, e4m3 block scales (sm_100+)
   RmsNorm,                    ///< norm_out = RMSNorm(sum): no residual in or out
   ResidualRmsNormPrePost,     ///< residual_out = RMSNorm_pre(sum) + residual_in; norm_out = RMSNorm(residual_out)
+  ResidualRmsNormFp8Group,    ///< ResidualRmsNorm, then e4m3 with a power-of-two scale per group of group_size elements
 };
 
 /// Where the NVFP4 block scales of token m, 16-element block k go.
@@ -40,8 +45,15 @@ enum class ScaleLayout {
   Linear,         ///< row-major [num_tokens, hidden_dim / 16]
 };
 
+/// How the per-token-group FP8 scales are stored (FusedArgs::group_scale), both column-major with the token rows
+/// padded to a multiple of 4 (round_up(num_tokens, 4), the stride block-scaled GEMMs load with TMA).
+enum class GroupScale {
+  Ue8m0Packed,  ///< each scale's biased exponent byte, 4 groups per int32 (DeepGEMM on sm_100, FlashInfer's layout)
+  Float32,      ///< each scale as fp32 (DeepGEMM and CUTLASS 1 x 128 on sm_90)
+};
+
 /// The quantized output a pattern writes after the norm.
-enum class Quant { None, Fp8Static, Fp8Dynamic, Nvfp4 };
+enum class Quant { None, Fp8Static, Fp8Dynamic, Nvfp4, Fp8Group };
 
 /// How a pattern uses one tensor of FusedArgs: an Unused output must be null, an Unused input is ignored.
 enum class TensorUse : std::uint8_t { Unused, Optional, Required };
@@ -115,6 +127,10 @@ inline constexpr PatternTraits kPatternTable[] = {
      {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Required, U::Unused, U::Unused, U::Unused,
       U::Unused, U::Required},
      "", ""},
+    {Pattern::ResidualRmsNormFp8Group, "residual_rmsnorm_fp8_group", true, Quant::Fp8Group, 0, false, 1,
+     {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Unused, U::Unused,
+      U::Required, U::Unused},
+     "", ""},
 };
 // clang-format on
 inline constexpr int kPatternCount = static_cast<int>(std::size(kPatternTable));
@@ -147,6 +163,14 @@ constexpr bool is_valid(ScaleLayout l) noexcept { return l == ScaleLayout::Swizz
 /// "swizzled128x4" or "linear" ("invalid" outside the enumeration).
 constexpr const char* to_string(ScaleLayout l) {
   return l == ScaleLayout::Swizzled128x4 ? "swizzled128x4" : l == ScaleLayout::Linear ? "linear" : "invalid";
+}
+
+/// Whether g is one of the enumerators.
+constexpr bool is_valid(GroupScale g) noexcept { return g == GroupScale::Ue8m0Packed || g == GroupScale::Float32; }
+
+/// "ue8m0_packed" or "float32" ("invalid" outside the enumeration).
+constexpr const char* to_string(GroupScale g) {
+  return g == GroupScale::Ue8m0Packed ? "ue8m0_packed" : g == GroupScale::Float32 ? "float32" : "invalid";
 }
 
 FIAR_END_NAMESPACE

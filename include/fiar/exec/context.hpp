@@ -67,7 +67,8 @@ FIAR_HD inline float canonical_token_sum(const float* q, int vecs) {
 
 /// What a kernel's logic needs of the machine: its position (lane in the block, block in the grid, block in its
 /// cluster), block-wide barrier (also as an "any lane" vote), sum and max, the same sums and maxima over a cluster of
-/// blocks, a cluster barrier, a token's canonical sum over its cluster (token_sum_add per vector, then token_sum), a
+/// blocks, a cluster barrier, a token's canonical sum over its cluster (token_sum_add per vector, then token_sum), the
+/// largest value of a group of a token's consecutive vectors (group_max_add per vector, group_max_sync, group_max), a
 /// clock and a back-off for bounded waits, 16-byte accesses and system-scope atomics on memory other ranks touch
 /// (load16 / store16 carry the protocol's order; store16_weak only clears), and the multicast operations: a store
 /// every member receives, a load that returns the members' values summed (the NVSwitch reduces), a system-scope
@@ -84,6 +85,9 @@ concept ExecutionContext = requires(C& c, float x, const std::uint32_t* cp, std:
   c.cluster_sync();
   c.token_sum_add(0, x);
   { c.token_sum(0) } -> std::convertible_to<float>;
+  c.group_max_add(0, x);
+  c.group_max_sync();
+  { c.group_max(0, x, 1) } -> std::convertible_to<float>;
   { c.sum(x) } -> std::convertible_to<float>;
   { c.max(x) } -> std::convertible_to<float>;
   { c.cluster_rank() } -> std::convertible_to<int>;

@@ -26,6 +26,9 @@ struct ContextModel {
   void cluster_sync();
   void token_sum_add(int vec, float q);
   float token_sum(int vecs);
+  void group_max_add(int vec, float x);
+  void group_max_sync();
+  float group_max(int vec, float x, int group_vecs);
   float sum(float x);
   float max(float x);
   int cluster_rank();

@@ -153,6 +153,17 @@ struct DeviceCtx : SystemAtomics {
     return total;
   }
 
+  /// The largest value of a group of `group_vecs` consecutive vectors of a token, group_vecs a power of two up to 32:
+  /// the lanes of a warp hold 32 consecutive vectors (the epilogue's loops advance a warp together, every lane of it
+  /// calling group_max), so a group is a run of group_vecs lanes, reduced by a butterfly within the run. Nothing is
+  /// recorded: group_max_add and group_max_sync are the emulator's (which has no warps) and cost nothing here.
+  __device__ static void group_max_add(int, float) {}
+  __device__ static void group_max_sync() {}
+  __device__ static float group_max(int, float x, int group_vecs) {
+    for (int m = 1; m < group_vecs; m <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, m));
+    return x;
+  }
+
   /// Nanoseconds of the GPU's global timer, for deadlines (only differences matter).
   __device__ static std::uint64_t now_ns() {
     // cuda::ptx::get_sreg_globaltimer()'s one instruction, without <cuda/ptx>'s 1.4 s parse

@@ -36,7 +36,7 @@ class HostCtx : public SystemAtomics {
  public:
   HostCtx(int lane, int lanes, int block, int blocks, std::barrier<>* block_barrier, float* block_scratch,
           int cluster_size = 1, std::barrier<>* cluster_barrier = nullptr, float* cluster_scratch = nullptr,
-          float* token_scratch = nullptr)
+          float* token_scratch = nullptr, float* group_scratch = nullptr)
       : lane_(lane),
         lanes_(lanes),
         block_(block),
@@ -46,7 +46,8 @@ class HostCtx : public SystemAtomics {
         cluster_barrier_(cluster_barrier),
         scratch_(block_scratch),
         cluster_scratch_(cluster_scratch),
-        token_scratch_(token_scratch) {}
+        token_scratch_(token_scratch),
+        group_scratch_(group_scratch) {}
 
   [[nodiscard]] int lane() const { return lane_; }
   [[nodiscard]] int lanes() const { return lanes_; }
@@ -79,6 +80,24 @@ class HostCtx : public SystemAtomics {
     const float total = canonical_token_sum(token_scratch_, vecs);
     cluster_sync();  // nobody overwrites a value (the next token's) before every lane has read them all
     return total;
+  }
+
+  /// The largest value of a group of `group_vecs` consecutive vectors of a token (the group of `vec`, which starts at
+  /// a multiple of group_vecs), as on the GPU but with any grid: every lane hands each vector's value it owns
+  /// (group_max_add), every lane of the cluster then passes the barrier group_max_sync, and group_max reads the
+  /// group's values back (`x`, the lane's own value, is what the GPU's shuffles use; here it is already recorded).
+  /// The next token's group_max_add follows a cluster barrier (its token_sum), so no value is overwritten while read.
+  void group_max_add(int vec, float x) {
+    if (vec >= 0 && vec < kMaxTokenVecs) group_scratch_[vec] = x;
+  }
+  void group_max_sync() { cluster_sync(); }
+  float group_max(int vec, float /*x*/, int group_vecs) {
+    if (vec < 0 || group_vecs < 1) return 0.0f;
+    const int first = vec / group_vecs * group_vecs;
+    float m = 0.0f;
+    for (int v = first; v < first + group_vecs && v < kMaxTokenVecs; ++v)
+      m = m > group_scratch_[v] ? m : group_scratch_[v];
+    return m;
   }
 
   /// Block-wide sum and max, deterministic: every lane gets the lanes' values combined in lane order.
@@ -226,6 +245,7 @@ class HostCtx : public SystemAtomics {
   float* scratch_;
   float* cluster_scratch_;
   float* token_scratch_;
+  float* group_scratch_;
 };
 
 /// A persistent grid of emulated lanes (blocks x lanes threads, in clusters of `cluster` consecutive blocks) that
@@ -290,7 +310,8 @@ class HostGrid {
     HostCtx ctx(lane, lanes_, block, blocks_, barriers_[static_cast<std::size_t>(block)].get(),
                 scratch_.data() + static_cast<std::size_t>(block) * static_cast<std::size_t>(lanes_), cluster_,
                 cluster_barriers_[static_cast<std::size_t>(block / cluster_)].get(),
-                cluster_scratch_.data() + first_of_cluster, token_scratch(block / cluster_));
+                cluster_scratch_.data() + first_of_cluster, token_scratch(block / cluster_),
+                token_scratch(block / cluster_) + kMaxTokenVecs);
     std::uint64_t seen = 0;
     for (;;) {
       const std::function<void(HostCtx&)>* kernel = nullptr;
@@ -307,11 +328,12 @@ class HostGrid {
     }
   }
 
-  // A cluster's per-vector values for token_sum (kMaxTokenVecs floats), allocated by its lanes' constructor.
+  // A cluster's per-vector values for token_sum, then those for group_max (kMaxTokenVecs floats each), allocated by
+  // its lanes' constructor.
   float* token_scratch(int c) {
     std::lock_guard lock(mutex_);
     auto& s = token_scratch_[static_cast<std::size_t>(c)];
-    if (!s) s = std::make_unique<float[]>(static_cast<std::size_t>(kMaxTokenVecs));
+    if (!s) s = std::make_unique<float[]>(2 * static_cast<std::size_t>(kMaxTokenVecs));
     return s.get();
   }
 
