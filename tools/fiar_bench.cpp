@@ -52,8 +52,8 @@ constexpr const char* kUsage = R"(usage: fiar-bench [options]
                               the topology the host emulator (and --plan) reports (default 1 node, no, sm_90)
   --dtype float|half|bf16     element type (default bf16)
   --pattern LIST              allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic,
-                              residual_rmsnorm_nvfp4, rmsnorm, residual_rmsnorm_prepost, residual_rmsnorm_fp8_group
-                              (default allreduce)
+                              residual_rmsnorm_nvfp4, rmsnorm, residual_rmsnorm_prepost, residual_rmsnorm_fp8_group,
+                              residual_rmsnorm_mxfp8 (default allreduce)
   --strategy LIST             auto, oneshot, twoshot, multimem, nccl (default: one-shot, two-shot and auto on
                               trtllm, the same plus multimem on mnnvl; the nccl backend runs auto; multimem rows run
                               on mnnvl only; nccl rows on trtllm / mnnvl take the workspace's NCCL route)

@@ -356,6 +356,29 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
             ++res.mismatches;
         }
       }
+    } else if (pattern == fiar::Pattern::ResidualRmsNormMxfp8) {
+      // Each 32-element block's scale: the exponent of the power of two at or above amax / 448, biased (0 for an
+      // all-zero block, whose codes are zero); the codes n x 2^(127 - byte).
+      for (int k = 0; k < H / 32; ++k) {
+        float block_max = 0.0f;
+        for (int j = 0; j < 32; ++j)
+          block_max = std::max(block_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * 32 + j])));
+        int sf = 0;
+        if (block_max != 0.0f) {
+          int e = 0;
+          const float m = std::frexp(block_max / 448.0f, &e);
+          sf = std::max(0, (m == 0.5f ? e - 1 : e) + 127);
+        }
+        if (block_scales[fiar::algo::mxfp8_scale_offset(t, k, H, fiar::ScaleLayout::Swizzled128x4)] != sf)
+          ++res.mismatches;
+        const float factor = block_max == 0.0f ? 0.0f : std::ldexp(1.0f, 127 - sf);
+        for (int j = 0; j < 32; ++j) {
+          const std::size_t i = static_cast<std::size_t>(t) * H + k * 32 + j;
+          if (quant[i] !=
+              static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(f32(norm[i]) * factor, __NV_SATFINITE, __NV_E4M3)))
+            ++res.mismatches;
+        }
+      }
     } else if (pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
       for (int k = 0; k < H / 16; ++k) {
         float block_max = 0.0f;
@@ -408,7 +431,9 @@ struct CallTensors {
         quant_bytes(nvfp4 ? count / 2 : count),
         sf_bytes(group ? fiar::algo::fp8_group_scale_bytes(num_tokens, hidden_dim, group_size_of<T>(hidden_dim),
                                                            fiar::GroupScale::Ue8m0Packed)
-                       : fiar::algo::nvfp4_scale_bytes(num_tokens, hidden_dim, fiar::ScaleLayout::Swizzled128x4)),
+                 : kTraits.quant == fiar::Quant::Mxfp8
+                     ? fiar::algo::mxfp8_scale_bytes(num_tokens, hidden_dim, fiar::ScaleLayout::Swizzled128x4)
+                     : fiar::algo::nvfp4_scale_bytes(num_tokens, hidden_dim, fiar::ScaleLayout::Swizzled128x4)),
         host_in(count),
         out(count),
         residual(count),

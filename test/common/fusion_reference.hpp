@@ -84,6 +84,16 @@ inline float group_scale_of(float amax) {
   return m == 0.5f ? y0 : std::ldexp(1.0f, e);
 }
 
+// The MXFP8 block scale byte, restated: the exponent of the smallest power of two at or above amax / 448 (fp32),
+// biased by 127; 0 for an all-zero block.
+inline std::uint8_t mxfp8_scale_of(float amax) {
+  if (amax == 0.0f) return 0;
+  const float y0 = amax / 448.0f;
+  int e = 0;
+  const float m = std::frexp(y0, &e);                                            // y0 = m x 2^e, m in [0.5, 1)
+  return static_cast<std::uint8_t>(std::max(0, (m == 0.5f ? e - 1 : e) + 127));  // below 2^-127: rounded up to it
+}
+
 // The group-scale tensor of a call, restated: the scale of (token t, group g) at Float32 element g x rows + t, or
 // byte g % 4 of int32 element (g / 4) x rows + t (its biased exponent), rows = tokens rounded up to 4.
 inline std::size_t group_scale_at(int t, int g, int tokens, fiar::GroupScale f) {
@@ -265,6 +275,31 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
             }
           }
         }
+        if constexpr (P == fiar::Pattern::ResidualRmsNormMxfp8) {
+          // As for the groups: the block's scale the reference's or one power of two off, the codes within one e4m3
+          // step of the reference norm.
+          const int cols = s.hidden / 32;
+          for (int k = 0; k < cols; ++k) {
+            double amax = 0;
+            for (int j = 0; j < 32; ++j) {
+              const int h = k * 32 + j;
+              amax = std::max(amax, std::fabs(as_float(y[static_cast<std::size_t>(h)]) * inv_rms *
+                                              (weight_bias + as_float(gamma[static_cast<std::size_t>(h)]))));
+            }
+            const std::size_t at = layout == fiar::ScaleLayout::Linear ? static_cast<std::size_t>(t) * cols + k
+                                                                       : swizzled_offset(t, k, cols);
+            const int got_sf = o.block_scales[at], want_sf = mxfp8_scale_of(static_cast<float>(amax));
+            if (std::abs(got_sf - want_sf) > 1) ++far_group;
+            const float y_k = std::ldexp(1.0f, got_sf - 127);
+            for (int j = 0; j < 32; ++j) {
+              const int h = k * 32 + j;
+              const double want = as_float(y[static_cast<std::size_t>(h)]) * inv_rms *
+                                  (weight_bias + as_float(gamma[static_cast<std::size_t>(h)]));
+              const double got = fp8_value(o.quant[static_cast<std::size_t>(t) * s.hidden + h]) * y_k;
+              if (std::fabs(got - want) > (0.125 + ulp) * std::fabs(want) + std::ldexp(1.0, -9) * y_k) ++far_group;
+            }
+          }
+        }
         continue;  // the exact checks below use the kernel's own norm values
       }
       if constexpr (P == fiar::Pattern::ResidualRmsNormFp8) {
@@ -296,6 +331,22 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
             const int h = k * group + j;
             mismatches +=
                 o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] / y_k);
+          }
+        }
+      } else if constexpr (P == fiar::Pattern::ResidualRmsNormMxfp8) {
+        const int cols = s.hidden / 32;
+        for (int k = 0; k < cols; ++k) {
+          float amax = 0;
+          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(n[static_cast<std::size_t>(k * 32 + j)]));
+          const std::uint8_t sf = mxfp8_scale_of(amax);
+          const std::size_t at = layout == fiar::ScaleLayout::Linear ? static_cast<std::size_t>(t) * cols + k
+                                                                     : swizzled_offset(t, k, cols);
+          mismatches += o.block_scales[at] != sf;
+          const float factor = amax == 0.0f ? 0.0f : std::ldexp(1.0f, 127 - sf);
+          for (int j = 0; j < 32; ++j) {
+            const int h = k * 32 + j;
+            mismatches +=
+                o.quant[static_cast<std::size_t>(t) * s.hidden + h] != fp8(n[static_cast<std::size_t>(h)] * factor);
           }
         }
       } else if constexpr (P == fiar::Pattern::ResidualRmsNormNvfp4) {
@@ -340,9 +391,10 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
       CAPTURE(padding);
       CHECK(nonzero == 0);
     }
-    if constexpr (P == fiar::Pattern::ResidualRmsNormNvfp4) {
+    if constexpr (P == fiar::Pattern::ResidualRmsNormNvfp4 || P == fiar::Pattern::ResidualRmsNormMxfp8) {
       if (layout == fiar::ScaleLayout::Swizzled128x4) {  // padding rows and columns are zero
-        const int cols = s.hidden / 16, padded_cols = (cols + 3) / 4 * 4, padded_rows = (s.tokens + 127) / 128 * 128;
+        const int cols = s.hidden / (P == fiar::Pattern::ResidualRmsNormNvfp4 ? 16 : 32),
+                  padded_cols = (cols + 3) / 4 * 4, padded_rows = (s.tokens + 127) / 128 * 128;
         int nonzero = 0;
         for (int m = 0; m < padded_rows; ++m) {
           for (int k = 0; k < padded_cols; ++k) {

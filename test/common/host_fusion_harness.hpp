@@ -83,6 +83,13 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
           o.scale_out.assign(static_cast<std::size_t>(s.tokens), -1.0f);
           a.scale_out = o.scale_out.data();
         }
+        if constexpr (P == Pattern::ResidualRmsNormMxfp8) {
+          o.quant.assign(count, 0xAA);
+          a.quant_out = o.quant.data();
+          o.block_scales.assign(fiar::algo::mxfp8_scale_bytes(s.tokens, s.hidden, quant.layout), 0xAA);
+          a.block_scale_out = o.block_scales.data();
+          a.layout = quant.layout;
+        }
         if constexpr (P == Pattern::ResidualRmsNormNvfp4) {
           o.quant.assign(count / 2, 0xAA);
           a.quant_out = o.quant.data();

@@ -63,6 +63,14 @@ static_assert(to_string(Pattern::ResidualRmsNormFp8Group) == std::string_view("r
 static_assert(algo::fp8_group_scale_bytes(5, 1024, 128, GroupScale::Ue8m0Packed) == 4 * (5 + 8) &&
               algo::fp8_group_scale_bytes(5, 1024, 128, GroupScale::Float32) == 4 * (5 + 7 * 8) &&
               algo::fp8_group_scale_offset(1, 5, 5, GroupScale::Ue8m0Packed) == 4 * (8 + 1) + 1);
+// MXFP8: 32-element blocks, the NVFP4 layouts with hidden_dim / 32 columns.
+static_assert(to_string(Pattern::ResidualRmsNormMxfp8) == std::string_view("residual_rmsnorm_mxfp8") &&
+              pattern_traits(Pattern::ResidualRmsNormMxfp8).quant == Quant::Mxfp8 && algo::kMxfp8Block == 32 &&
+              algo::mxfp8_scale_bytes(1, 1024, ScaleLayout::Linear) == 32 &&
+              algo::mxfp8_scale_bytes(1, 1024, ScaleLayout::Swizzled128x4) == 128 * 32 &&
+              algo::mxfp8_scale_offset(0, 1, 64, ScaleLayout::Linear) == 1 && algo::mxfp8_scale_cols(64) == 2 &&
+              algo::block_scale_bytes(2, 5, ScaleLayout::Linear) == 10 &&
+              algo::block_scale_offset(1, 0, 5, ScaleLayout::Swizzled128x4) == 16);
 static_assert(default_oneshot_max_bytes(90, 8) == 128 * 1024 &&
               default_oneshot_max_bytes(Backend::Mnnvl, 90, 8) == 131072);
 static_assert(choose_strategy(8, 16, 1 << 20, 1 << 19) == Strategy::TwoShot);

@@ -273,11 +273,13 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
   constexpr bool fp8 = P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic;
   constexpr bool nvfp4 = P == Pattern::ResidualRmsNormNvfp4;
   constexpr bool group = P == Pattern::ResidualRmsNormFp8Group;
+  constexpr bool mxfp8 = P == Pattern::ResidualRmsNormMxfp8;
   const int group_size = group_size_for<T>(c.quant, hidden);
   const std::size_t quant_bytes = nvfp4 ? count / 2 : count;
   const std::size_t scale_bytes =
       nvfp4   ? fiar::algo::nvfp4_scale_bytes(c.tokens, hidden, c.quant.layout)
       : group ? fiar::algo::fp8_group_scale_bytes(c.tokens, hidden, group_size, c.quant.group_scale)
+      : mxfp8 ? fiar::algo::mxfp8_scale_bytes(c.tokens, hidden, c.quant.layout)
               : 0;
   // Host sources stay alive until the stream is synchronized below.
   const std::vector<T> in = make_input<T>(count, rank, 0, false);
@@ -308,10 +310,10 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
     a.weight_bias = c.weight_bias;
     a.norm_out = c.in_place ? b.in.p : b.norm_out.p;
   }
-  if constexpr (fp8 || nvfp4 || group) a.quant_out = b.quant.p;
+  if constexpr (fp8 || nvfp4 || group || mxfp8) a.quant_out = b.quant.p;
   if constexpr (P == Pattern::ResidualRmsNormFp8 || nvfp4) a.scale = b.scale.p;
   if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) a.scale_out = b.scale_out.p;
-  if constexpr (nvfp4) {
+  if constexpr (nvfp4 || mxfp8) {
     a.block_scale_out = b.block_scales.p;
     a.layout = c.quant.layout;
   }
@@ -343,10 +345,10 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
       download(o.residual_out, c.in_place ? b.residual.p : b.residual_out.p, count, stream);
     download(o.norm_out, c.in_place ? b.in.p : b.norm_out.p, count, stream);
   }
-  if constexpr (fp8 || nvfp4 || group) download(o.quant, b.quant.p, quant_bytes, stream);
+  if constexpr (fp8 || nvfp4 || group || mxfp8) download(o.quant, b.quant.p, quant_bytes, stream);
   if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic)
     download(o.scale_out, b.scale_out.p, static_cast<std::size_t>(c.tokens), stream);
-  if constexpr (nvfp4 || group) download(o.block_scales, b.block_scales.p, scale_bytes, stream);
+  if constexpr (nvfp4 || group || mxfp8) download(o.block_scales, b.block_scales.p, scale_bytes, stream);
   GPU_CHECK(cudaStreamSynchronize(stream));
   ws.check();
   return result;

@@ -53,7 +53,7 @@ Case make_case(Pattern p, Strategy s, int tokens, fiar::ScaleLayout layout, bool
 std::string describe(const Case& c) {
   std::string s = std::string(fiar::to_string(c.pattern)) + ", " + std::string(fiar::to_string(c.call.strategy)) +
                   ", " + std::to_string(c.call.tokens) + " tokens";
-  if (c.pattern == Pattern::ResidualRmsNormNvfp4)
+  if (c.pattern == Pattern::ResidualRmsNormNvfp4 || c.pattern == Pattern::ResidualRmsNormMxfp8)
     s += c.call.quant.layout == fiar::ScaleLayout::Linear ? ", linear scales" : ", swizzled scales";
   if (c.pattern == Pattern::ResidualRmsNormFp8Group) s += std::string(", ") + fiar::to_string(c.call.quant.group_scale);
   if (c.call.in_place) s += ", in place";
@@ -77,6 +77,7 @@ void with_pattern(Pattern p, F&& f) {
     case Pattern::ResidualRmsNormFp8Group:
       f(std::integral_constant<Pattern, Pattern::ResidualRmsNormFp8Group>{});
       return;
+    case Pattern::ResidualRmsNormMxfp8: f(std::integral_constant<Pattern, Pattern::ResidualRmsNormMxfp8>{}); return;
   }
   throw std::logic_error("unknown pattern");
 }
@@ -99,6 +100,10 @@ std::vector<RankRun<T>> run_cases(int world, int hidden, const std::vector<Case>
     if (hidden % 16 == 0) {
       max_scale_bytes =
           std::max(max_scale_bytes, fiar::algo::nvfp4_scale_bytes(c.call.tokens, hidden, c.call.quant.layout));
+    }
+    if (hidden % 32 == 0) {
+      max_scale_bytes =
+          std::max(max_scale_bytes, fiar::algo::mxfp8_scale_bytes(c.call.tokens, hidden, c.call.quant.layout));
     }
     max_scale_bytes =
         std::max(max_scale_bytes, fiar::algo::fp8_group_scale_bytes(c.call.tokens, hidden,
@@ -176,15 +181,21 @@ void add_nvfp4_cases(std::vector<Case>& cases, Strategy s, int arch, bool in_pla
   if (s == Strategy::OneShot) cases.push_back(make_case(P, s, 130, fiar::ScaleLayout::Linear, in_place, ""));
 }
 
-// For one-shot, then two-shot: every pattern but NVFP4 with `tokens` tokens, then the NVFP4 cases for T on `arch`.
+// For one-shot, then two-shot: every pattern but NVFP4 with `tokens` tokens (MXFP8 where `hidden` holds 32-element
+// blocks, both layouts), then the NVFP4 cases for T on `arch`.
 template <class T>
-std::vector<Case> every_pattern(int tokens, bool in_place, int arch) {
+std::vector<Case> every_pattern(int tokens, bool in_place, int arch, int hidden) {
   std::vector<Case> cases;
   for (const Strategy s : {Strategy::OneShot, Strategy::TwoShot}) {
     for (const Pattern p :
          {Pattern::AllReduce, Pattern::ResidualRmsNorm, Pattern::ResidualRmsNormFp8, Pattern::ResidualRmsNormFp8Dynamic,
           Pattern::RmsNorm, Pattern::ResidualRmsNormPrePost, Pattern::ResidualRmsNormFp8Group}) {
       cases.push_back(make_case(p, s, tokens, fiar::ScaleLayout::Swizzled128x4, in_place, ""));
+    }
+    if (hidden % 32 == 0) {
+      for (const auto layout : {fiar::ScaleLayout::Swizzled128x4, fiar::ScaleLayout::Linear}) {
+        cases.push_back(make_case(Pattern::ResidualRmsNormMxfp8, s, tokens, layout, in_place, ""));
+      }
     }
     // The FP8 groups' fp32 scales too (the packed exponents above).
     Case f32 = make_case(Pattern::ResidualRmsNormFp8Group, s, tokens, fiar::ScaleLayout::Swizzled128x4, in_place, "");
@@ -202,11 +213,11 @@ TEMPLATE_TEST_CASE("every pattern x world size x hidden size on ranks sharing on
   const int world = GENERATE(2, 4);
   // 2048, 7168 (more vectors than threads for float), and an odd multiple of the vector width and of 16.
   const int hidden = GENERATE(2048, 7168, 16 * 19);
-  run_and_check<TestType>(world, hidden, every_pattern<TestType>(3, false, fiar_test::device_arch(0)));
+  run_and_check<TestType>(world, hidden, every_pattern<TestType>(3, false, fiar_test::device_arch(0), hidden));
 }
 
 TEST_CASE("in place on the GPU: out == in, norm_out == in, residual_out == residual_in", "[gpu][fusion]") {
-  run_and_check<__nv_bfloat16>(4, 2048, every_pattern<__nv_bfloat16>(6, true, fiar_test::device_arch(0)));
+  run_and_check<__nv_bfloat16>(4, 2048, every_pattern<__nv_bfloat16>(6, true, fiar_test::device_arch(0), 2048));
   std::vector<Case> cases;
   for (const Strategy s : {Strategy::OneShot, Strategy::TwoShot}) {
     cases.push_back(make_case(Pattern::ResidualRmsNormFp8Dynamic, s, 6, fiar::ScaleLayout::Swizzled128x4, true, ""));

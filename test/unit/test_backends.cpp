@@ -234,6 +234,9 @@ FIAR_CASE_TEST("in place fused: out == in, norm_out == in, residual_out == resid
   fiar_test::run_and_check<Pattern::ResidualRmsNormFp8Group, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
   fiar_test::run_and_check<Pattern::ResidualRmsNormFp8Group, T, P>(
       s, strategy, false, fiar_test::QuantOptions(64, fiar::GroupScale::Float32), 1.0f, 1.0f, false, topo);
+  fiar_test::run_and_check<Pattern::ResidualRmsNormMxfp8, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
+  fiar_test::run_and_check<Pattern::ResidualRmsNormMxfp8, T, P>(s, strategy, false, fiar::ScaleLayout::Linear, 1.0f,
+                                                                1.0f, false, topo);
   if constexpr (sizeof(T) == 2) {
     fiar_test::run_and_check<Pattern::ResidualRmsNormNvfp4, T, P>(s, strategy, true, {}, 0.0f, 100.0f, true, topo);
   }
@@ -355,6 +358,14 @@ FIAR_CASE_TEST("fused calls are checked against the pattern before anything runs
     reject([&] { group([](auto& b) { b.group_size = 24; }); });
     reject([&] { group([](auto& b) { b.group_scale = static_cast<fiar::GroupScale>(9); }); });
     reject([&] { group([&](auto& b) { b.block_scale_out = sf.data() + 1; }); });
+    // MXFP8: the layout value.
+    reject([&] {
+      auto b = a;
+      b.quant_out = q.data();
+      b.block_scale_out = sf.data();
+      b.layout = static_cast<fiar::ScaleLayout>(3);
+      ws.template run<Pattern::ResidualRmsNormMxfp8>(b);
+    });
     // Values cast from integers outside their enumerations are rejected, not run as some default.
     reject([&] { ws.template run<Pattern::ResidualRmsNorm>(a, nullptr, static_cast<Strategy>(7)); });
     if constexpr (sizeof(T) == 2) {
@@ -395,6 +406,7 @@ FIAR_CASE_TEST("fused calls are checked against the pattern before anything runs
         {"group_size = 24 for"},
         {"GroupScale value 9 is not a format; allowed: ue8m0_packed, float32"},
         {"block_scale_out = 0x", "is not 4-byte aligned"},
+        {"residual_rmsnorm_mxfp8 on rank", "ScaleLayout value 3 is not a layout"},
         {"Strategy value 7 is not a strategy; allowed: auto, oneshot, twoshot"},
     };
     if constexpr (sizeof(T) == 2) {

@@ -32,6 +32,7 @@ TEMPLATE_TEST_CASE("every pattern x world size x hidden size matches the referen
   run_and_check<Pattern::ResidualRmsNormFp8, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, strategy, true);
   run_and_check<Pattern::ResidualRmsNormFp8Group, TestType>(s, strategy, true);
+  if (hidden % 32 == 0) run_and_check<Pattern::ResidualRmsNormMxfp8, TestType>(s, strategy, true);
   if constexpr (sizeof(TestType) == 2) run_and_check<Pattern::ResidualRmsNormNvfp4, TestType>(s, strategy, true);
 }
 
@@ -109,6 +110,103 @@ TEMPLATE_TEST_CASE("residual_rmsnorm_fp8_group: every group size, both formats, 
   fiar_test::check_pattern<Pattern::ResidualRmsNormFp8Group, T>(s, without, false, quant, 0.0f, 1.0f);
   CHECK(without[0].quant == with_norm[0].quant);
   CHECK(without[0].block_scales == with_norm[0].block_scales);
+}
+
+// MXFP8: token counts around 128 (the swizzled layout's row padding), both layouts, 36 blocks per row (column
+// padding: 36 -> 36, and 33 via hidden 1056), with and without norm_out (the same codes and scales either way).
+TEMPLATE_TEST_CASE("residual_rmsnorm_mxfp8: row and column padding, both layouts, with and without norm_out",
+                   "[fusion]", float, __nv_bfloat16) {
+  using T = TestType;
+  const int tokens = GENERATE(1, 127, 130);
+  const int hidden = GENERATE(1152, 1056);
+  const auto layout = GENERATE(fiar::ScaleLayout::Swizzled128x4, fiar::ScaleLayout::Linear);
+  const Shape s{2, tokens, hidden};
+  CAPTURE(tokens, hidden, fiar::to_string(layout));
+  const auto with_norm =
+      fiar_test::run_pattern<Pattern::ResidualRmsNormMxfp8, T>(s, Strategy::Auto, true, layout, 1.0f, 1.0f, false);
+  fiar_test::check_pattern<Pattern::ResidualRmsNormMxfp8, T>(s, with_norm, true, layout, 1.0f, 1.0f);
+  const auto without =
+      fiar_test::run_pattern<Pattern::ResidualRmsNormMxfp8, T>(s, Strategy::Auto, false, layout, 1.0f, 1.0f, false);
+  fiar_test::check_pattern<Pattern::ResidualRmsNormMxfp8, T>(s, without, false, layout, 1.0f, 1.0f);
+  CHECK(without[0].quant == with_norm[0].quant);
+  CHECK(without[0].block_scales == with_norm[0].block_scales);
+}
+
+// The block patterns need whole blocks per row: MXFP8 32 elements, NVFP4 16 (a bf16 workspace of hidden 48 and 24).
+TEST_CASE("mxfp8 and nvfp4: a hidden size of partial blocks is rejected naming the multiple", "[fusion]") {
+  using T = __nv_bfloat16;
+  std::vector<std::string> messages(2);
+  auto errors = fiar_test::run_ranks(1, [&](int, fiar::InProcessBootstrap& boot) {
+    for (int i = 0; i < 2; ++i) {
+      const int hidden = i == 0 ? 48 : 24;
+      fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform> ws(
+          boot, fiar_test::one_node(1, 0, fiar_test::kFusedArch), {.max_token_num = 1, .hidden_dim = hidden});
+      std::vector<T> x(static_cast<std::size_t>(hidden)), r(x.size()), ro(x.size());
+      std::vector<std::uint8_t> q(x.size()), sf(512);
+      const float scale = 1.0f;
+      const fiar::FusedArgs<T> a{.in = x.data(),
+                                 .num_tokens = 1,
+                                 .residual_in = r.data(),
+                                 .residual_out = ro.data(),
+                                 .gamma = x.data(),
+                                 .quant_out = q.data(),
+                                 .scale = i == 0 ? nullptr : &scale,
+                                 .block_scale_out = sf.data()};
+      try {
+        if (i == 0) {
+          ws.run<Pattern::ResidualRmsNormMxfp8>(a);
+        } else {
+          ws.run<Pattern::ResidualRmsNormNvfp4>(a);
+        }
+      } catch (const std::invalid_argument& e) {
+        messages[static_cast<std::size_t>(i)] = e.what();
+      }
+    }
+  });
+  fiar_test::require_no_errors(errors);
+  CHECK_THAT(messages[0], Catch::Contains("hidden_dim = 48; MXFP8 needs a multiple of 32"));
+  CHECK_THAT(messages[1], Catch::Contains("hidden_dim = 24; NVFP4 needs a multiple of 16"));
+}
+
+// An all-zero block (here every row: zero inputs and residual) gets a zero scale byte and zero codes, in both
+// quantized group formats (MXFP8's e8m0 byte 0; the FP8 groups' floor 2^-33, exponent byte 94).
+TEST_CASE("mxfp8 and fp8 groups: all-zero rows give zero codes and the floor scale", "[fusion]") {
+  using T = __nv_bfloat16;
+  const int world = 2, tokens = 3, hidden = 256;
+  const std::size_t count = static_cast<std::size_t>(tokens) * hidden;
+  std::vector<int> wrong(world, -1);
+  auto errors = fiar_test::run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform> ws(
+        boot, fiar_test::one_node(world, rank, fiar_test::kFusedArch), {.max_token_num = tokens, .hidden_dim = hidden},
+        fiar::HostPlatformOptions{.blocks = 2, .lanes = 8, .cluster = 2});
+    const std::vector<T> zeros(count, fiar_test::from_float<T>(0.0f)), gamma = fiar_test::gamma_of<T>(hidden);
+    std::vector<T> residual_out(count);
+    std::vector<std::uint8_t> q(count, 0xAA),
+        mx(fiar::algo::mxfp8_scale_bytes(tokens, hidden, fiar::ScaleLayout::Linear), 0xAA),
+        groups(fiar::algo::fp8_group_scale_bytes(tokens, hidden, 128, fiar::GroupScale::Ue8m0Packed), 0xAA);
+    fiar::FusedArgs<T> a{.in = zeros.data(),
+                         .num_tokens = tokens,
+                         .residual_in = zeros.data(),
+                         .residual_out = residual_out.data(),
+                         .gamma = gamma.data(),
+                         .quant_out = q.data(),
+                         .block_scale_out = mx.data(),
+                         .layout = fiar::ScaleLayout::Linear};
+    ws.run<Pattern::ResidualRmsNormMxfp8>(a);
+    int w = 0;
+    for (std::uint8_t b : q) w += b != 0;
+    for (std::uint8_t b : mx) w += b != 0;
+    std::fill(q.begin(), q.end(), 0xAA);
+    a.block_scale_out = groups.data();
+    ws.run<Pattern::ResidualRmsNormFp8Group>(a);
+    for (std::uint8_t b : q) w += b != 0;
+    for (int t = 0; t < tokens; ++t) {  // 2 groups: bytes 0 and 1 of the one packed column, 2 and 3 zero
+      for (int j = 0; j < 4; ++j) w += groups[4 * static_cast<std::size_t>(t) + j] != (j < 2 ? 94 : 0);
+    }
+    wrong[static_cast<std::size_t>(rank)] = w;
+  });
+  fiar_test::require_no_errors(errors);
+  for (int w : wrong) CHECK(w == 0);
 }
 
 // RmsNorm's math is ResidualRmsNorm's with a zero residual (T(sum + 0) is the sum: no element of it is -0), so its

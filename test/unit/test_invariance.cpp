@@ -119,8 +119,13 @@ std::vector<std::uint8_t> row_bytes(const fiar_test::Outputs<T>& o, int token, i
   if (!o.residual_out.empty()) add(o.residual_out.data() + row, sizeof(T) * hidden);
   if (!o.norm_out.empty()) add(o.norm_out.data() + row, sizeof(T) * hidden);
   if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic ||
-                P == Pattern::ResidualRmsNormFp8Group) {
+                P == Pattern::ResidualRmsNormFp8Group || P == Pattern::ResidualRmsNormMxfp8) {
     add(o.quant.data() + row, static_cast<std::size_t>(hidden));
+  }
+  if constexpr (P == Pattern::ResidualRmsNormMxfp8) {
+    for (int u = 0; u < hidden / 32; ++u) {
+      b.push_back(o.block_scales[fiar::algo::mxfp8_scale_offset(token, u, hidden, fiar::ScaleLayout::Swizzled128x4)]);
+    }
   }
   if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic) add(o.scale_out.data() + token, sizeof(float));
   if constexpr (P == Pattern::ResidualRmsNormFp8Group) {  // the row's scale bytes (their places follow the batch)
@@ -190,9 +195,14 @@ std::vector<std::vector<std::vector<std::uint8_t>>> probe(
         }
         if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormNvfp4) a.scale = &scale;
         if constexpr (P == Pattern::ResidualRmsNormFp8 || P == Pattern::ResidualRmsNormFp8Dynamic ||
-                      P == Pattern::ResidualRmsNormFp8Group) {
+                      P == Pattern::ResidualRmsNormFp8Group || P == Pattern::ResidualRmsNormMxfp8) {
           o.quant.assign(count, 0xAA);
           a.quant_out = o.quant.data();
+        }
+        if constexpr (P == Pattern::ResidualRmsNormMxfp8) {
+          o.block_scales.assign(fiar::algo::mxfp8_scale_bytes(run.tokens, hidden, fiar::ScaleLayout::Swizzled128x4),
+                                0xAA);
+          a.block_scale_out = o.block_scales.data();
         }
         if constexpr (P == Pattern::ResidualRmsNormFp8Group) {
           a.group_size = fiar_test::group_size_for<T>({}, hidden);
@@ -282,6 +292,7 @@ FIAR_CASE_TEST("a row's output bytes are the same alone and anywhere in a batch 
     check_invariance<Pattern::ResidualRmsNormPrePost, C>();
     check_invariance<Pattern::ResidualRmsNormFp8, C>();
     check_invariance<Pattern::ResidualRmsNormFp8Group, C>();
+    check_invariance<Pattern::ResidualRmsNormMxfp8, C>();
     if constexpr (sizeof(typename C::value_type) == 2) check_invariance<Pattern::ResidualRmsNormNvfp4, C>();
   }
 }

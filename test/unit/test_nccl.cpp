@@ -65,6 +65,7 @@ TEMPLATE_TEST_CASE("nccl: every fused pattern matches the reference", "[nccl]", 
   check_fused<Pattern::ResidualRmsNormFp8Dynamic, TestType>(s, false);
   check_fused<Pattern::ResidualRmsNormFp8Group, TestType>(s, true,
                                                           fiar_test::QuantOptions(0, fiar::GroupScale::Float32));
+  if (hidden % 32 == 0) check_fused<Pattern::ResidualRmsNormMxfp8, TestType>(s, true, fiar::ScaleLayout::Linear);
   if constexpr (sizeof(TestType) == 2) {
     check_fused<Pattern::ResidualRmsNormNvfp4, TestType>(s, true);
     check_fused<Pattern::ResidualRmsNormNvfp4, TestType>(s, false, fiar::ScaleLayout::Linear);

@@ -490,6 +490,44 @@ TEST_CASE("quant: fp8_group_scale, pow2_reciprocal, ue8m0_of", "[quant]") {
   CHECK(wrong == 0);
 }
 
+// The MXFP8 block scale against its definition restated with frexp (the exponent of the smallest power of two at or
+// above amax / 448, biased; 0 for amax 0 or below 2^-127 x 448; 254 at most), on non-negative finite floats and the
+// exact multiples 448 x 2^k and their neighbours; every code it scales fits e4m3 where the quotient is a normal float
+// (below, the fp32 quotient has lost bits, and a block's largest code may saturate at 448); e8m0_reciprocal is
+// 2^(127 - byte).
+TEST_CASE("quant: mxfp8_scale, e8m0_reciprocal", "[quant]") {
+  auto want = [](float amax) -> int {
+    if (amax == 0.0f) return 0;
+    const float y0 = amax / 448.0f;
+    int e = 0;
+    const float m = std::frexp(y0, &e);
+    return std::clamp((m == 0.5f ? e - 1 : e) + 127, 0, 254);
+  };
+  std::size_t checked = 0, bad = 0, too_small = 0;
+  std::string first;
+  auto check = [&](float amax) {
+    ++checked;
+    const int got = fiar::algo::mxfp8_scale(amax);
+    if (got != want(amax) && bad++ == 0) first = "amax " + describe(amax) + ": got " + std::to_string(got);
+    if (amax >= std::ldexp(448.0f, -126) && amax * fiar::algo::e8m0_reciprocal(static_cast<std::uint8_t>(got)) > 448.0f)
+      ++too_small;
+  };
+  for (std::uint64_t b = 0; b < 0x7f800000u; b += 65521) check(from_bits(static_cast<std::uint32_t>(b)));
+  for (int k = -140; k < 100; ++k) {
+    const float exact = std::ldexp(448.0f, k);
+    for (float x : {exact, std::nextafter(exact, 0.0f), std::nextafter(exact, INFINITY)}) check(x);
+  }
+  INFO(first);
+  CHECK(checked > 30000);
+  CHECK(bad == 0);
+  CHECK(too_small == 0);
+  int wrong = 0;
+  for (int byte = 0; byte < 255; ++byte) {
+    wrong += !same_float(fiar::algo::e8m0_reciprocal(static_cast<std::uint8_t>(byte)), std::ldexp(1.0f, 127 - byte));
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("quant: NVFP4 scale layouts", "[quant]") {
   using fiar::algo::nvfp4_scale_bytes;
   using fiar::algo::nvfp4_scale_cols;

@@ -183,6 +183,7 @@ TEMPLATE_TEST_CASE("routes: every fused pattern through the NCCL route matches t
   run_and_check<Pattern::ResidualRmsNormFp8, TestType, MnnvlPolicy>(s, Strategy::Nccl, false);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
   run_and_check<Pattern::ResidualRmsNormFp8Group, TestType, MnnvlPolicy>(s, Strategy::Nccl, true);
+  run_and_check<Pattern::ResidualRmsNormMxfp8, TestType, TrtllmPolicy>({4, 5, 32 * 5}, Strategy::Nccl, false);
   if constexpr (sizeof(TestType) == 2) {
     run_and_check<Pattern::ResidualRmsNormNvfp4, TestType, MnnvlPolicy>(s, Strategy::Nccl, true);
   }

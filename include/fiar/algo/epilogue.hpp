@@ -250,13 +250,15 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
         store_fp8<T>(qrow, v, q);
       }
       if (ctx.cluster_rank() == 0 && ctx.lane() == 0) e.scale_out[token] = token_scale;
-    } else if constexpr (kTraits.quant == Quant::Fp8Group) {
+    } else if constexpr (kTraits.quant == Quant::Fp8Group || kTraits.quant == Quant::Mxfp8) {
       // Per-token-group FP8: a group is group_size / kE consecutive vectors (a power of two up to 32, so on the GPU one
       // run of lanes of a warp: these loops advance a warp together, every lane calling group_max), its scale
       // fp8_group_scale of the group's largest |n|. The first loop hands each vector's largest |n| to the emulator,
       // which has no warps (on the GPU group_max_add is empty and the loop compiles to nothing); the second takes the
-      // group's maximum, quantizes, and the lane of the group's first vector writes its scale.
-      const int group_vecs = e.group_size / kE;
+      // group's maximum, quantizes, and the lane of the group's first vector writes its scale. MXFP8 is the same walk
+      // with groups of 32 elements and an e8m0 scale (mxfp8_scale) in the NVFP4 layouts.
+      constexpr bool kMx = kTraits.quant == Quant::Mxfp8;
+      const int group_vecs = kMx ? kMxfp8Block / kE : e.group_size / kE;
       int group_shift = 0;  // log2(group_vecs): the group of vector v is v >> group_shift (no integer division)
       while ((2 << group_shift) <= group_vecs) ++group_shift;
       auto largest = [](const Elems<T>& n) {
@@ -285,15 +287,33 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
           if (e.norm_out != nullptr) store_row(e.norm_out, token, vecs_per_token, v, repack<T>(n));
           amax = largest(n);
         }
-        const float y = fp8_group_scale(ctx.group_max(v, amax, group_vecs));
+        const float group_max = ctx.group_max(v, amax, group_vecs);
         if (!mine) continue;
-        const float inv_y = pow2_reciprocal(y);  // n x (1 / y) is n / y exactly: y is a power of two
+        float y = 0.0f, inv_y;  // n x (1 / y) is n / y exactly: y is a power of two
+        std::uint8_t sf = 0;
+        if constexpr (kMx) {
+          sf = mxfp8_scale(group_max);
+          inv_y = group_max != 0.0f ? e8m0_reciprocal(sf) : 0.0f;  // an all-zero block: zero codes
+        } else {
+          y = fp8_group_scale(group_max);
+          inv_y = pow2_reciprocal(y);
+        }
         std::uint8_t q[kE];
         FIAR_UNROLL
         for (int i = 0; i < kE; ++i) q[i] = to_fp8_e4m3(to_float(n.e[i]) * inv_y);
         store_fp8<T>(qrow, v, q);
         if ((v & (group_vecs - 1)) != 0) continue;
         const int g = v >> group_shift;
+        if constexpr (kMx) {
+          scales[block_scale_offset(token, g, groups, e.layout)] = sf;
+          // The swizzled layout's padding columns of this row are zero.
+          if (g == groups - 1 && e.layout == ScaleLayout::Swizzled128x4) {
+            FIAR_NO_UNROLL
+            for (int k = groups; k < round_up(groups, 4); ++k)
+              scales[block_scale_offset(token, k, groups, e.layout)] = 0;
+          }
+          continue;
+        }
         const std::size_t at = fp8_group_scale_offset(token, g, e.num_tokens, e.group_scale);
         if (e.group_scale == GroupScale::Float32) {
           *reinterpret_cast<float*>(scales + at) = y;
@@ -351,9 +371,9 @@ FIAR_HD void finish_token(Ctx& ctx, T* out, const EpilogueParams<T>& e, int toke
   }
 }
 
-/// NVFP4 swizzled layout: zero the padding rows [num_tokens, round_up(num_tokens, 128)) of the scale tensor, spread
-/// over every lane of the grid, 16 bytes at a time. In the last 128-row tile a 16-byte line holds rows m, m + 32,
-/// m + 64 and m + 96 of 4 columns: a line of padding rows only is one 16-byte store; a line that also holds real
+/// NVFP4 and MXFP8 swizzled layout: zero the padding rows [num_tokens, round_up(num_tokens, 128)) of the scale tensor,
+/// spread over every lane of the grid, 16 bytes at a time. In the last 128-row tile a 16-byte line holds rows m, m +
+/// 32, m + 64 and m + 96 of 4 columns: a line of padding rows only is one 16-byte store; a line that also holds real
 /// rows gets a 4-byte store per padding row (the real rows' bytes are written with their rows). The padding columns
 /// of real rows are written with their row.
 ///
@@ -373,9 +393,10 @@ FIAR_HD void finish_call_outputs(Ctx& ctx, const EpilogueParams<T>& e, int num_t
         words[static_cast<std::size_t>(c) * static_cast<std::size_t>(rows) + t] = 0u;
     }
   }
-  if constexpr (pattern_traits(P).quant == Quant::Nvfp4) {
+  if constexpr (pattern_traits(P).quant == Quant::Nvfp4 || pattern_traits(P).quant == Quant::Mxfp8) {
     if (e.layout != ScaleLayout::Swizzled128x4 || num_tokens % 128 == 0) return;
-    const int k_tiles = round_up(nvfp4_scale_cols(hidden), 4) / 4;
+    const int cols = pattern_traits(P).quant == Quant::Nvfp4 ? nvfp4_scale_cols(hidden) : mxfp8_scale_cols(hidden);
+    const int k_tiles = round_up(cols, 4) / 4;
     const int tile = num_tokens / 128;  // the last row tile, partly padding
     const int real = num_tokens % 128;  // its real rows
     std::uint8_t* base = static_cast<std::uint8_t*>(e.block_scale_out) +

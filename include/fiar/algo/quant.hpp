@@ -31,8 +31,9 @@ inline constexpr float kFp8Max = 448.0f;
 inline constexpr float kFp4Max = 6.0f;
 /// 1 / 6 rounded to fp32, the factor FlashInfer's NVFP4 block scale multiplies by (instead of dividing by 6).
 inline constexpr float kInvFp4Max = 1.0f / 6.0f;
-/// Elements per NVFP4 block (one e4m3 scale each).
+/// Elements per NVFP4 block (one e4m3 scale each), and per MXFP8 block (one e8m0 scale each).
 inline constexpr int kNvfp4Block = 16;
+inline constexpr int kMxfp8Block = 32;
 
 /// float -> e4m3, round to nearest even, saturating (NaN stays NaN).
 FIAR_HD inline std::uint8_t to_fp8_e4m3(float x) {
@@ -69,23 +70,19 @@ FIAR_HD constexpr float fp8_dynamic_scale(float amax) {
   return s > floor ? s : floor;
 }
 
-/// Columns of the scale matrix (one per 16-element block), and their padded count in the swizzled layout.
-FIAR_HD constexpr int nvfp4_scale_cols(int hidden_dim) { return hidden_dim / kNvfp4Block; }
 FIAR_HD constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
-/// Bytes of the scale tensor for num_tokens rows.
-FIAR_HD constexpr std::size_t nvfp4_scale_bytes(int num_tokens, int hidden_dim, ScaleLayout layout) {
-  const int cols = nvfp4_scale_cols(hidden_dim);
+/// Bytes of a block-scale tensor of num_tokens rows and `cols` one-byte scales per row (NVFP4, MXFP8).
+FIAR_HD constexpr std::size_t block_scale_bytes(int num_tokens, int cols, ScaleLayout layout) {
   return layout == ScaleLayout::Linear
              ? static_cast<std::size_t>(num_tokens) * static_cast<std::size_t>(cols)
              : static_cast<std::size_t>(round_up(num_tokens, 128)) * static_cast<std::size_t>(round_up(cols, 4));
 }
 
-/// Byte offset of the scale of (row m, block column k). Swizzled 128x4: 128-row x 4-column tiles of 512
-/// bytes, tiles row-major over the padded columns; inside a tile, row m % 32 picks a 16-byte line, the
-/// 32-row quarter (m % 128) / 32 a 4-byte group within it, and k % 4 the byte.
-FIAR_HD constexpr std::size_t nvfp4_scale_offset(int m, int k, int hidden_dim, ScaleLayout layout) {
-  const int cols = nvfp4_scale_cols(hidden_dim);
+/// Byte offset of the scale of (row m, block column k) of a block-scale tensor of `cols` columns. Swizzled 128x4:
+/// 128-row x 4-column tiles of 512 bytes, tiles row-major over the padded columns; inside a tile, row m % 32 picks a
+/// 16-byte line, the 32-row quarter (m % 128) / 32 a 4-byte group within it, and k % 4 the byte.
+FIAR_HD constexpr std::size_t block_scale_offset(int m, int k, int cols, ScaleLayout layout) {
   if (layout == ScaleLayout::Linear) return static_cast<std::size_t>(m) * static_cast<std::size_t>(cols) + k;
   const std::size_t k_tiles = static_cast<std::size_t>(round_up(cols, 4) / 4);
   return static_cast<std::size_t>(m / 128) * k_tiles * 512 + static_cast<std::size_t>(k / 4) * 512 +
@@ -93,14 +90,36 @@ FIAR_HD constexpr std::size_t nvfp4_scale_offset(int m, int k, int hidden_dim, S
          static_cast<std::size_t>(k % 4);
 }
 
+/// NVFP4: columns of the scale matrix (one per 16-element block), the tensor's bytes for num_tokens rows, and the
+/// offset of (row m, block k).
+FIAR_HD constexpr int nvfp4_scale_cols(int hidden_dim) { return hidden_dim / kNvfp4Block; }
+FIAR_HD constexpr std::size_t nvfp4_scale_bytes(int num_tokens, int hidden_dim, ScaleLayout layout) {
+  return block_scale_bytes(num_tokens, nvfp4_scale_cols(hidden_dim), layout);
+}
+FIAR_HD constexpr std::size_t nvfp4_scale_offset(int m, int k, int hidden_dim, ScaleLayout layout) {
+  return block_scale_offset(m, k, nvfp4_scale_cols(hidden_dim), layout);
+}
+
+/// MXFP8: the same, one e8m0 scale per 32-element block.
+FIAR_HD constexpr int mxfp8_scale_cols(int hidden_dim) { return hidden_dim / kMxfp8Block; }
+FIAR_HD constexpr std::size_t mxfp8_scale_bytes(int num_tokens, int hidden_dim, ScaleLayout layout) {
+  return block_scale_bytes(num_tokens, mxfp8_scale_cols(hidden_dim), layout);
+}
+FIAR_HD constexpr std::size_t mxfp8_scale_offset(int m, int k, int hidden_dim, ScaleLayout layout) {
+  return block_scale_offset(m, k, mxfp8_scale_cols(hidden_dim), layout);
+}
+
+/// amax / 448 in fp32 without the division routine: the fp64 product with 1 / 448, which is the IEEE quotient whenever
+/// that is a normal float (448 = 7 x 2^6: such a quotient, if not exact, lies at least 2^-27 of itself from every fp32
+/// rounding midpoint, the product within 2^-51; test_quant checks a sweep). A subnormal quotient (below 2^-126) may
+/// differ in its last place; both scales that use it are floored far above that (1e-10; e8m0's 2^-127 byte 0).
+FIAR_HD inline float over_fp8_max(float amax) { return static_cast<float>(static_cast<double>(amax) * (1.0 / 448.0)); }
+
 /// The per-token-group FP8 scale of a group whose largest magnitude is amax: y = max(amax / 448, 1e-10), then rounded
 /// up to a power of two (a non-zero mantissa carries into the exponent), so that n / y is exact and the scale is one
-/// exponent byte (UE8M0). FlashInfer's and DeepGEMM's scale. amax / 448 is the fp64 product with 1 / 448 rounded to
-/// fp32, which is the IEEE fp32 quotient for every amax (448 = 7 x 2^6: a quotient that is not exact lies at least
-/// 2^-27 of itself from every fp32 rounding midpoint, the product within 2^-51; test_quant checks a sweep), without
-/// the division routine.
+/// exponent byte (UE8M0). FlashInfer's and DeepGEMM's scale (amax / 448: over_fp8_max).
 FIAR_HD inline float fp8_group_scale(float amax) {
-  const float y = static_cast<float>(static_cast<double>(amax) * (1.0 / 448.0));
+  const float y = over_fp8_max(amax);
   const float floor = 1e-10f;
   const float clamped = y > floor ? y : floor;
   std::uint32_t bits;
@@ -118,6 +137,20 @@ FIAR_HD inline float pow2_reciprocal(float y) {
   memcpy(&bits, &y, sizeof(bits));
   const std::uint32_t e = (bits >> 23) & 0xffu;
   const std::uint32_t r = e >= 255u ? 0u : e == 254u ? 0x00400000u : (254u - e) << 23;
+  float out;
+  memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+/// The MXFP8 block scale of a block whose largest magnitude is amax: amax / 448 to e8m0 rounded toward +inf,
+/// saturating (CUDA's __nv_cvt_float_to_e8m0; one cvt.rp.satfinite.ue8m0x2 on sm_100), the byte 2^(byte - 127).
+FIAR_HD inline std::uint8_t mxfp8_scale(float amax) {
+  return static_cast<std::uint8_t>(__nv_cvt_float_to_e8m0(over_fp8_max(amax), __NV_SATFINITE, cudaRoundPosInf));
+}
+
+/// 2^(127 - byte): the factor an MXFP8 block's values are multiplied by (2^-127 for byte 254; 0 for 255, NaN).
+FIAR_HD inline float e8m0_reciprocal(std::uint8_t byte) {
+  const std::uint32_t r = byte == 255u ? 0u : byte == 254u ? 0x00400000u : (254u - byte) << 23;
   float out;
   memcpy(&out, &r, sizeof(out));
   return out;

@@ -137,8 +137,10 @@ constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, s
         return algo::fp8_group_scale_bytes(static_cast<int>(rows), static_cast<int>(hidden), scales.group_size,
                                            scales.group_scale);
       }
-      return algo::nvfp4_scale_bytes(static_cast<int>(rows), static_cast<int>(hidden),
-                                     is_valid(scales.layout) ? scales.layout : ScaleLayout::Linear);
+      return algo::block_scale_bytes(
+          static_cast<int>(rows),
+          static_cast<int>(traits.quant == Quant::Mxfp8 ? hidden / algo::kMxfp8Block : hidden / algo::kNvfp4Block),
+          is_valid(scales.layout) ? scales.layout : ScaleLayout::Linear);
     default: return rows * hidden * elem_bytes;
   }
 }
@@ -221,7 +223,7 @@ void validate_call_view(const CallView& c, const Pf& platform) {
                                 "epsilon and 0 (or 1 for (1 + gamma) norms).");
   }
   auto use = [&](FusedTensor t) { return traits.use[static_cast<int>(t)]; };
-  if (traits.quant == Quant::Nvfp4 && !is_valid(c.scales.layout)) {
+  if ((traits.quant == Quant::Nvfp4 || traits.quant == Quant::Mxfp8) && !is_valid(c.scales.layout)) {
     throw std::invalid_argument(where() + "ScaleLayout value " + std::to_string(static_cast<int>(c.scales.layout)) +
                                 " is not a layout; allowed: swizzled128x4, linear. Fix: pass "
                                 "fiar::ScaleLayout::Swizzled128x4 or Linear.");

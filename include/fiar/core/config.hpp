@@ -94,13 +94,14 @@ struct FusedArgs {
   float eps = 1e-6f;               ///< RMSNorm epsilon
   float weight_bias = 0.0f;        ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
   T* norm_out = nullptr;           ///< ResidualRmsNorm, RmsNorm: required; quant patterns: optional (may equal in)
-  void* quant_out = nullptr;       ///< fp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
+  void* quant_out = nullptr;       ///< fp8, mxfp8: [num_tokens, hidden_dim] bytes; nvfp4: [num_tokens, hidden_dim / 2]
   const float* scale = nullptr;    ///< fp8 static: the per-tensor scale; nvfp4: the global scale (device scalar)
   float* scale_out = nullptr;      ///< fp8 dynamic: [num_tokens] per-token scales
-  /// nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout); fp8 group: the group scales,
+  /// nvfp4: e4m3 block scales, nvfp4_scale_bytes(num_tokens, hidden_dim, layout); mxfp8: e8m0 block scales,
+  /// mxfp8_scale_bytes(num_tokens, hidden_dim, layout); fp8 group: the group scales,
   /// fp8_group_scale_bytes(num_tokens, hidden_dim, group_size, group_scale)
   void* block_scale_out = nullptr;
-  ScaleLayout layout = ScaleLayout::Swizzled128x4;  ///< nvfp4 block-scale layout
+  ScaleLayout layout = ScaleLayout::Swizzled128x4;  ///< nvfp4 and mxfp8 block-scale layout
   const T* gamma_pre =
       nullptr;  ///< ResidualRmsNormPrePost: the first norm's weight, [hidden_dim] (gamma: the second's)
   /// fp8 group: elements per scale group, a power-of-two multiple of the 16-byte vector's elements (8 for half / bf16,

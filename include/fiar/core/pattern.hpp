@@ -21,13 +21,14 @@
   X(__VA_ARGS__, ResidualRmsNormNvfp4)      \
   X(__VA_ARGS__, RmsNorm)                   \
   X(__VA_ARGS__, ResidualRmsNormPrePost)    \
-  X(__VA_ARGS__, ResidualRmsNormFp8Group)
+  X(__VA_ARGS__, ResidualRmsNormFp8Group)   \
+  X(__VA_ARGS__, ResidualRmsNormMxfp8)
 
 FIAR_BEGIN_NAMESPACE
 
 /// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5, then
 /// TensorRT-LLM's AllReduceFusionOp 9 for RmsNorm, 3 for ResidualRmsNormPrePost, FlashInfer's 8/9 for
-/// ResidualRmsNormFp8Group).
+/// ResidualRmsNormFp8Group, TensorRT-LLM's 11 for ResidualRmsNormMxfp8).
 enum class Pattern {
   AllReduce,                  ///< out = sum
   ResidualRmsNorm,            ///< residual_out = sum + residual_in; norm_out = RMSNorm(residual_out)
@@ -37,12 +38,13 @@ enum class Pattern {
   RmsNorm,                    ///< norm_out = RMSNorm(sum): no residual in or out
   ResidualRmsNormPrePost,     ///< residual_out = RMSNorm_pre(sum) + residual_in; norm_out = RMSNorm(residual_out)
   ResidualRmsNormFp8Group,    ///< ResidualRmsNorm, then e4m3 with a power-of-two scale per group of group_size elements
+  ResidualRmsNormMxfp8,       ///< ResidualRmsNorm, then MXFP8: e4m3 values in 32-element blocks, e8m0 block scales
 };
 
-/// Where the NVFP4 block scales of token m, 16-element block k go.
+/// Where the NVFP4 (and MXFP8) block scales of token m, 16-element (32-element) block k go.
 enum class ScaleLayout {
   Swizzled128x4,  ///< the tiled layout block-scaled GEMMs read: rows padded to 128, columns to 4
-  Linear,         ///< row-major [num_tokens, hidden_dim / 16]
+  Linear,         ///< row-major [num_tokens, hidden_dim / 16] (MXFP8: hidden_dim / 32)
 };
 
 /// How the per-token-group FP8 scales are stored (FusedArgs::group_scale), both column-major with the token rows
@@ -53,7 +55,7 @@ enum class GroupScale {
 };
 
 /// The quantized output a pattern writes after the norm.
-enum class Quant { None, Fp8Static, Fp8Dynamic, Nvfp4, Fp8Group };
+enum class Quant { None, Fp8Static, Fp8Dynamic, Nvfp4, Fp8Group, Mxfp8 };
 
 /// How a pattern uses one tensor of FusedArgs: an Unused output must be null, an Unused input is ignored.
 enum class TensorUse : std::uint8_t { Unused, Optional, Required };
@@ -131,6 +133,10 @@ inline constexpr PatternTraits kPatternTable[] = {
      {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Unused, U::Unused,
       U::Required, U::Unused},
      "", ""},
+    {Pattern::ResidualRmsNormMxfp8, "residual_rmsnorm_mxfp8", true, Quant::Mxfp8, 0, false, 32,
+     {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Unused, U::Unused,
+      U::Required, U::Unused},
+     "MXFP8", "residual_rmsnorm_fp8_group"},
 };
 // clang-format on
 inline constexpr int kPatternCount = static_cast<int>(std::size(kPatternTable));
