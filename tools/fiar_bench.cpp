@@ -53,7 +53,8 @@ constexpr const char* kUsage = R"(usage: fiar-bench [options]
   --dtype float|half|bf16     element type (default bf16)
   --pattern LIST              allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic,
                               residual_rmsnorm_nvfp4, rmsnorm, residual_rmsnorm_prepost, residual_rmsnorm_fp8_group,
-                              residual_rmsnorm_mxfp8 (default allreduce)
+                              residual_rmsnorm_mxfp8, moe_finalize_allreduce, moe_finalize_residual_rmsnorm
+                              (default allreduce)
   --strategy LIST             auto, oneshot, twoshot, multimem, nccl (default: one-shot, two-shot and auto on
                               trtllm, the same plus multimem on mnnvl; the nccl backend runs auto; multimem rows run
                               on mnnvl only; nccl rows on trtllm / mnnvl take the workspace's NCCL route)

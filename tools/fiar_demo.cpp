@@ -55,8 +55,9 @@ constexpr const char* kUsage = R"(usage: fiar-demo [options]
   --pattern NAME            allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp8_dynamic,
                             residual_rmsnorm_nvfp4 (16-bit dtypes on sm_100+), rmsnorm,
                             residual_rmsnorm_prepost, residual_rmsnorm_fp8_group (groups of 128
-                            elements where the hidden size allows) or residual_rmsnorm_mxfp8 (hidden
-                            size a multiple of 32; default allreduce)
+                            elements where the hidden size allows), residual_rmsnorm_mxfp8 (hidden
+                            size a multiple of 32), moe_finalize_allreduce or
+                            moe_finalize_residual_rmsnorm (4 experts per token; default allreduce)
   -h, --help                this text
   --version                 fiar-demo's version
 

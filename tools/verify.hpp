@@ -226,12 +226,46 @@ struct DeviceMemory final : Memory {
   }
 };
 
+// The MoE finalize calls of the tools: kMoeTopK experts per token; `tokens` > 0 marks a MoE call.
+inline constexpr int kMoeTopK = 4;
+struct MoeShape {
+  int tokens = 0;
+  int hidden = 0;
+  [[nodiscard]] int rows() const { return tokens * kMoeTopK + 1; }  // the last row padding, never referenced
+};
+// Rank r's row of `in` holding token t's k-th expert, or -1 (none); and its router weight.
+inline int moe_row(int r, int t, int k, int tokens) {
+  if ((t + k + r) % 4 == 0) return -1;
+  return ((t * kMoeTopK + k) * 5 + r) % (tokens * kMoeTopK);
+}
+inline float moe_weight(int r, int t, int k) { return 0.25f * static_cast<float>(1 + (t + k + r) % 3); }
+
+// Rank r's contribution to element i at iteration it, as a value of T: its input, or for a MoE call the finalize of
+// its expert rows (fp32 fma in k order, plus the shared expert, one rounding to T; rows and shared expert from
+// input_value of ranks r + 200 and r + 400), -0 read as +0.
 template <class T>
-void verify(const std::vector<T>& out, int world, int it, Check& res) {
+float contribution(int r, int it, std::size_t i, const MoeShape& moe) {
+  auto value = [](float x) { return fiar::algo::to_float(fiar::algo::from_float<T>(x)); };
+  if (moe.tokens == 0) return value(input_value(r, it, i)) + 0.0f;
+  const int h = static_cast<int>(i % static_cast<std::size_t>(moe.hidden));
+  const int t = static_cast<int>(i / static_cast<std::size_t>(moe.hidden));
+  float acc = 0.0f;
+  for (int k = 0; k < kMoeTopK; ++k) {
+    const int row = moe_row(r, t, k, moe.tokens);
+    if (row < 0) continue;
+    acc = std::fma(value(input_value(r + 200, it, static_cast<std::size_t>(row) * moe.hidden + h)), moe_weight(r, t, k),
+                   acc);
+  }
+  acc += value(input_value(r + 400, it, i));
+  return value(acc) + 0.0f;
+}
+
+template <class T>
+void verify(const std::vector<T>& out, int world, int it, Check& res, const MoeShape& moe = {}) {
   for (std::size_t i = 0; i < out.size(); ++i) {
     double exact = 0, abs_sum = 0;
     for (int r = 0; r < world; ++r) {
-      const double x = static_cast<double>(fiar::algo::to_float(fiar::algo::from_float<T>(input_value(r, it, i))));
+      const double x = static_cast<double>(contribution<T>(r, it, i, moe));
       exact += x;
       abs_sum += std::fabs(x);
     }
@@ -273,7 +307,7 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
                   const std::vector<T>& gamma, const std::vector<T>& residual_out, const std::vector<T>& norm,
                   const std::vector<std::uint8_t>& quant, const std::vector<float>& scale_out,
                   const std::vector<std::uint8_t>& block_scales, float scale, const std::vector<T>& gamma_pre,
-                  Check& res) {
+                  Check& res, const MoeShape& moe = {}) {
   const int H = hidden;
   const double ulp = unit_roundoff<T>() * 2;
   auto uses = [&](fiar::FusedTensor t) {
@@ -285,7 +319,7 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
     std::vector<float> y(static_cast<std::size_t>(H));
     auto sum_at = [&](std::size_t i) {
       float acc = 0.0f;
-      for (int r = 0; r < world; ++r) acc += f32(round_to<T>(input_value(r, it, i))) + 0.0f;
+      for (int r = 0; r < world; ++r) acc += contribution<T>(r, it, i, moe);
       T sum = round_to<T>(acc);
       if (f32(sum) == 0.0f) sum = round_to<T>(0.0f);
       return sum;
@@ -411,6 +445,7 @@ struct CallTensors {
   static constexpr bool fused = kTraits.norm;
   static constexpr bool nvfp4 = kTraits.quant == fiar::Quant::Nvfp4;
   static constexpr bool group = kTraits.quant == fiar::Quant::Fp8Group;
+  static constexpr bool moe = kTraits.prologue == fiar::Prologue::MoeFinalize;
   static constexpr bool used(fiar::FusedTensor t) {
     return kTraits.use[static_cast<int>(t)] != fiar::TensorUse::Unused;
   }
@@ -421,6 +456,10 @@ struct CallTensors {
   std::vector<T> host_in, out, residual, gamma, gamma_pre, norm, residual_out;
   std::vector<std::uint8_t> quant, block_scales;
   std::vector<float> scale_out;
+  MoeShape moe_shape;  ///< MoE finalize calls: their shape (else tokens 0)
+  std::vector<T> moe_in, moe_shared;
+  std::vector<int> moe_idx;
+  std::vector<float> moe_scale;
   fiar::FusedArgs<T> a;
 
   CallTensors(Memory& mem, int num_tokens, int hidden_dim)
@@ -449,7 +488,23 @@ struct CallTensors {
       gamma_pre[static_cast<std::size_t>(h)] = round_to<T>(0.75f + 0.125f * static_cast<float>(h % 3));
     }
     a.num_tokens = tokens;
-    a.in = static_cast<T*>(mem.alloc(bytes));
+    if constexpr (moe) {
+      moe_shape = MoeShape{tokens, hidden};
+      const std::size_t rows = static_cast<std::size_t>(moe_shape.rows());
+      const std::size_t experts = static_cast<std::size_t>(tokens) * kMoeTopK;
+      moe_in.resize(rows * static_cast<std::size_t>(hidden));
+      moe_shared.resize(count);
+      moe_idx.resize(experts);
+      moe_scale.resize(experts);
+      a.in = static_cast<T*>(mem.alloc(moe_in.size() * sizeof(T)));
+      a.expanded_idx_to_permuted_idx = static_cast<int*>(mem.alloc(experts * sizeof(int)));
+      a.expert_scale = static_cast<float*>(mem.alloc(experts * sizeof(float)));
+      a.shared_expert_out = static_cast<T*>(mem.alloc(bytes));
+      a.top_k = kMoeTopK;
+      a.num_permuted_rows = moe_shape.rows();
+    } else {
+      a.in = static_cast<T*>(mem.alloc(bytes));
+    }
     a.eps = 1e-6f;
     a.group_size = group_size_of<T>(hidden);
     if (used(fiar::FusedTensor::Out)) a.out = static_cast<T*>(mem.alloc(bytes));
@@ -481,7 +536,22 @@ struct CallTensors {
       host_in[i] = round_to<T>(input_value(rank, it, i));
       residual[i] = round_to<T>(input_value(1000, it, i));
     }
-    mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
+    if constexpr (moe) {  // the expert rows, the map, the weights and the shared expert (contribution())
+      for (std::size_t i = 0; i < moe_in.size(); ++i) moe_in[i] = round_to<T>(input_value(rank + 200, it, i));
+      for (std::size_t i = 0; i < count; ++i) moe_shared[i] = round_to<T>(input_value(rank + 400, it, i));
+      for (int t = 0; t < tokens; ++t) {
+        for (int k = 0; k < kMoeTopK; ++k) {
+          moe_idx[static_cast<std::size_t>(t) * kMoeTopK + k] = moe_row(rank, t, k, tokens);
+          moe_scale[static_cast<std::size_t>(t) * kMoeTopK + k] = moe_weight(rank, t, k);
+        }
+      }
+      mem.upload(const_cast<T*>(a.in), moe_in.data(), moe_in.size() * sizeof(T));
+      mem.upload(const_cast<T*>(a.shared_expert_out), moe_shared.data(), bytes);
+      mem.upload(const_cast<int*>(a.expanded_idx_to_permuted_idx), moe_idx.data(), moe_idx.size() * sizeof(int));
+      mem.upload(const_cast<float*>(a.expert_scale), moe_scale.data(), moe_scale.size() * sizeof(float));
+    } else {
+      mem.upload(const_cast<T*>(a.in), host_in.data(), bytes);
+    }
     if constexpr (used(fiar::FusedTensor::ResidualIn))
       mem.upload(const_cast<T*>(a.residual_in), residual.data(), bytes);
   }
@@ -490,7 +560,7 @@ struct CallTensors {
   void check(Memory& mem, int world, int it, Check& res) {
     if constexpr (!fused) {
       mem.download(out.data(), a.out, bytes);
-      verify<T>(out, world, it, res);
+      verify<T>(out, world, it, res, moe_shape);
     } else {
       if constexpr (used(fiar::FusedTensor::ResidualOut)) mem.download(residual_out.data(), a.residual_out, bytes);
       mem.download(norm.data(), a.norm_out, bytes);
@@ -498,7 +568,7 @@ struct CallTensors {
       if (a.scale_out != nullptr) mem.download(scale_out.data(), a.scale_out, scale_out.size() * 4);
       if (a.block_scale_out != nullptr) mem.download(block_scales.data(), a.block_scale_out, sf_bytes);
       verify_fused<T>(P, tokens, hidden, world, it, residual, gamma, residual_out, norm, quant, scale_out, block_scales,
-                      scale, gamma_pre, res);
+                      scale, gamma_pre, res, moe_shape);
     }
   }
 

@@ -60,10 +60,69 @@ struct QuantOptions {
   int group_size = 0;
   fiar::GroupScale group_scale = fiar::GroupScale::Ue8m0Packed;
 
+  // The MoE finalize's inputs (moe_inputs): experts per token, a shared expert, the routed scaling factor.
+  int top_k = 8;
+  bool shared = true;
+  float routed_scaling_factor = 1.0f;
+
   QuantOptions() = default;
   QuantOptions(fiar::ScaleLayout l) : layout(l) {}  // NOLINT(google-explicit-constructor): call sites pass a layout
   QuantOptions(int g, fiar::GroupScale f) : group_size(g), group_scale(f) {}
+  static QuantOptions moe(int k, bool with_shared, float rsf = 1.0f) {
+    QuantOptions q;
+    q.top_k = k;
+    q.shared = with_shared;
+    q.routed_scaling_factor = rsf;
+    return q;
+  }
 };
+
+// One rank's MoE finalize inputs and what it contributes to the all-reduce. `in` has tokens x top_k + 3 rows (the
+// last 3 padding, never referenced); token t's k-th expert is row (t x top_k + k) x 7 mod (tokens x top_k), or -1
+// (none) where (t + 2k + rank) % 5 == 0; the weights are multiples of 1/8. The contribution, restated from the
+// definition: per element, acc = fma(x_k, f32(w_k x rsf), acc) over the experts in k order, + shared, one rounding
+// to T, -0 as +0.
+template <class T>
+struct MoeInputs {
+  int rows = 0;
+  std::vector<T> in, shared, contribution;
+  std::vector<int> idx;
+  std::vector<float> scale;
+};
+template <class T>
+MoeInputs<T> moe_inputs(int tokens, int hidden, int rank, const QuantOptions& q) {
+  MoeInputs<T> m;
+  const int k_n = q.top_k, used = tokens * k_n;
+  m.rows = used + 3;
+  m.in = make_input<T>(static_cast<std::size_t>(m.rows) * hidden, rank, 7, false);
+  if (q.shared) m.shared = make_input<T>(static_cast<std::size_t>(tokens) * hidden, rank + 50, 8, false);
+  m.idx.resize(static_cast<std::size_t>(used));
+  m.scale.resize(static_cast<std::size_t>(used));
+  for (int t = 0; t < tokens; ++t) {
+    for (int k = 0; k < k_n; ++k) {
+      const std::size_t i = static_cast<std::size_t>(t) * k_n + k;
+      m.idx[i] = (t + 2 * k + rank) % 5 == 0 ? -1 : static_cast<int>((i * 7) % static_cast<std::size_t>(used));
+      m.scale[i] = 0.125f * static_cast<float>(1 + (3 * t + k + rank) % 7);
+    }
+  }
+  m.contribution.resize(static_cast<std::size_t>(tokens) * hidden);
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < hidden; ++h) {
+      float acc = 0.0f;
+      for (int k = 0; k < k_n; ++k) {
+        const std::size_t i = static_cast<std::size_t>(t) * k_n + k;
+        if (m.idx[i] < 0) continue;
+        const float w = m.scale[i] * q.routed_scaling_factor;
+        acc = std::fma(as_float(m.in[static_cast<std::size_t>(m.idx[i]) * hidden + h]), w, acc);
+      }
+      if (q.shared) acc += as_float(m.shared[static_cast<std::size_t>(t) * hidden + h]);
+      T c = from_float<T>(acc);
+      if (is_negative_zero(c)) c = from_float<T>(0.0f);
+      m.contribution[static_cast<std::size_t>(t) * hidden + h] = c;
+    }
+  }
+  return m;
+}
 
 // The group size a call of element type T over `hidden` uses (QuantOptions::group_size resolved).
 template <class T>
@@ -170,11 +229,17 @@ void check_pattern(const Shape& s, const std::vector<Outputs<T>>& outs, bool wit
     CHECK(outs[r].scale_out == outs[0].scale_out);
   }
   std::vector<std::vector<T>> inputs;
-  for (int r = 0; r < s.world; ++r) inputs.push_back(make_input<T>(count, r, 0, false));
+  for (int r = 0; r < s.world; ++r) {
+    if constexpr (fiar::pattern_traits(P).prologue == fiar::Prologue::MoeFinalize) {
+      inputs.push_back(moe_inputs<T>(s.tokens, s.hidden, r, quant).contribution);
+    } else {
+      inputs.push_back(make_input<T>(count, r, 0, false));
+    }
+  }
   const std::vector<T> sum = rank_order_sum(inputs, count);
   const Outputs<T>& o = outs[0];
   int mismatches = 0;
-  if constexpr (P == fiar::Pattern::AllReduce) {
+  if constexpr (!fiar::pattern_traits(P).norm) {  // AllReduce, MoeFinalizeAllReduce: the sum, bit for bit
     for (std::size_t i = 0; i < count; ++i) mismatches += bits(o.out[i]) != bits(sum[i]);
     CHECK(mismatches == 0);
     return;

@@ -40,16 +40,26 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
         fiar::Workspace<Policy, T, fiar::HostPlatform> ws(
             boot, topo_of(s.world, r, arch), cfg, fiar::HostPlatformOptions{.blocks = 2, .lanes = 8, .cluster = 2});
         Outputs<T>& o = result[static_cast<std::size_t>(r)];
-        std::vector<T> in = fiar_test::make_input<T>(count, r, 0, false);
+        constexpr bool kMoe = fiar::pattern_traits(P).prologue == fiar::Prologue::MoeFinalize;
+        const MoeInputs<T> moe = kMoe ? moe_inputs<T>(s.tokens, s.hidden, r, quant) : MoeInputs<T>{};
+        std::vector<T> in = kMoe ? moe.in : fiar_test::make_input<T>(count, r, 0, false);
         std::vector<T> residual = residual_of<T>(count, 0);
         const std::vector<T> gamma = gamma_of<T>(s.hidden), gamma_pre = gamma_pre_of<T>(s.hidden);
         const float scale_value = scale;
         fiar::FusedArgs<T> a;
         a.in = in.data();
         a.num_tokens = s.tokens;
-        if constexpr (P == Pattern::AllReduce) {
+        if constexpr (kMoe) {
+          a.expanded_idx_to_permuted_idx = moe.idx.data();
+          a.expert_scale = moe.scale.data();
+          if (quant.shared) a.shared_expert_out = moe.shared.data();
+          a.top_k = quant.top_k;
+          a.num_permuted_rows = moe.rows;
+          a.routed_scaling_factor = quant.routed_scaling_factor;
+        }
+        if constexpr (!fiar::pattern_traits(P).norm) {
           o.out.resize(count);
-          a.out = in_place ? in.data() : o.out.data();
+          a.out = in_place && !kMoe ? in.data() : o.out.data();
         } else {
           if constexpr (uses<P>(fiar::FusedTensor::ResidualIn)) {
             o.residual_out.resize(count);
@@ -62,7 +72,7 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
           if constexpr (uses<P>(fiar::FusedTensor::GammaPre)) a.gamma_pre = gamma_pre.data();
           if (with_norm_out || requires_tensor<P>(fiar::FusedTensor::NormOut)) {
             o.norm_out.resize(count);
-            a.norm_out = in_place ? in.data() : o.norm_out.data();
+            a.norm_out = in_place && !kMoe ? in.data() : o.norm_out.data();
           }
         }
         if constexpr (P == Pattern::ResidualRmsNormFp8Group) {
@@ -99,11 +109,11 @@ std::vector<Outputs<T>> run_pattern(const Shape& s, Strategy strategy, bool with
         }
         ws.template run<P>(a, nullptr, strategy);
         if (in_place) {
-          if constexpr (P == Pattern::AllReduce) {
-            o.out = in;
+          if constexpr (!fiar::pattern_traits(P).norm) {
+            if (!kMoe) o.out = in;
           } else {
             if constexpr (uses<P>(fiar::FusedTensor::ResidualOut)) o.residual_out = residual;
-            if (!o.norm_out.empty()) o.norm_out = in;
+            if (!o.norm_out.empty() && !kMoe) o.norm_out = in;
           }
         }
       },

@@ -63,6 +63,14 @@ static_assert(to_string(Pattern::ResidualRmsNormFp8Group) == std::string_view("r
 static_assert(algo::fp8_group_scale_bytes(5, 1024, 128, GroupScale::Ue8m0Packed) == 4 * (5 + 8) &&
               algo::fp8_group_scale_bytes(5, 1024, 128, GroupScale::Float32) == 4 * (5 + 7 * 8) &&
               algo::fp8_group_scale_offset(1, 5, 5, GroupScale::Ue8m0Packed) == 4 * (8 + 1) + 1);
+// The MoE finalize: its tensors and scalars in FusedArgs, the prologue in the pattern table.
+static_assert(pattern_traits(Pattern::MoeFinalizeResidualRmsNorm).prologue == Prologue::MoeFinalize &&
+              pattern_traits(Pattern::ResidualRmsNorm).prologue == Prologue::None && kFusedTensorCount == 14 &&
+              kMaxTopK == 64 && FusedArgs<float>{}.routed_scaling_factor == 1.0f &&
+              std::same_as<decltype(FusedArgs<float>{}.expanded_idx_to_permuted_idx), const int*> &&
+              std::same_as<decltype(FusedArgs<float>{}.expert_scale), const float*> &&
+              std::same_as<decltype(FusedArgs<float>{}.shared_expert_out), const float*> &&
+              to_string(Pattern::MoeFinalizeAllReduce) == std::string_view("moe_finalize_allreduce"));
 // MXFP8: 32-element blocks, the NVFP4 layouts with hidden_dim / 32 columns.
 static_assert(to_string(Pattern::ResidualRmsNormMxfp8) == std::string_view("residual_rmsnorm_mxfp8") &&
               pattern_traits(Pattern::ResidualRmsNormMxfp8).quant == Quant::Mxfp8 && algo::kMxfp8Block == 32 &&

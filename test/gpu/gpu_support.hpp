@@ -215,6 +215,11 @@ struct FusedBuffers {
   DeviceBuffer<T> in, residual, out, residual_out, norm_out, gamma, gamma_pre;
   DeviceBuffer<std::uint8_t> quant, block_scales;
   DeviceBuffer<float> scale, scale_out;
+  // The MoE finalize's inputs (moe_inputs: up to kMoeTopK experts per token).
+  static constexpr int kMoeTopK = 10;
+  DeviceBuffer<T> moe_in, moe_shared;
+  DeviceBuffer<int> moe_idx;
+  DeviceBuffer<float> moe_scale;
   FusedBuffers(int max_tokens, int hidden, std::size_t block_scale_bytes)
       : in(count(max_tokens, hidden)),
         residual(count(max_tokens, hidden)),
@@ -226,7 +231,11 @@ struct FusedBuffers {
         quant(count(max_tokens, hidden)),
         block_scales(block_scale_bytes),
         scale(1),
-        scale_out(static_cast<std::size_t>(max_tokens)) {}
+        scale_out(static_cast<std::size_t>(max_tokens)),
+        moe_in(count(max_tokens * kMoeTopK + 3, hidden)),
+        moe_shared(count(max_tokens, hidden)),
+        moe_idx(static_cast<std::size_t>(max_tokens) * kMoeTopK),
+        moe_scale(static_cast<std::size_t>(max_tokens) * kMoeTopK) {}
 
   // gamma_of(hidden), gamma_pre_of(hidden) and the device scalar `scale` (the static FP8 scale, the NVFP4 global
   // scale), ready on return.
@@ -297,8 +306,23 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
   fiar::FusedArgs<T> a;
   a.in = b.in.p;
   a.num_tokens = c.tokens;
-  if constexpr (P == Pattern::AllReduce) {
-    a.out = c.in_place ? b.in.p : b.out.p;
+  constexpr bool moe = fiar::pattern_traits(P).prologue == fiar::Prologue::MoeFinalize;
+  const MoeInputs<T> m = moe ? moe_inputs<T>(c.tokens, hidden, rank, c.quant) : MoeInputs<T>{};
+  if constexpr (moe) {  // (in place means residual_out == residual_in only: nothing may be written over in)
+    upload(b.moe_in.p, m.in, stream);
+    upload(b.moe_idx.p, m.idx, stream);
+    upload(b.moe_scale.p, m.scale, stream);
+    if (c.quant.shared) upload(b.moe_shared.p, m.shared, stream);
+    a.in = b.moe_in.p;
+    a.expanded_idx_to_permuted_idx = b.moe_idx.p;
+    a.expert_scale = b.moe_scale.p;
+    a.shared_expert_out = c.quant.shared ? b.moe_shared.p : nullptr;
+    a.top_k = c.quant.top_k;
+    a.num_permuted_rows = m.rows;
+    a.routed_scaling_factor = c.quant.routed_scaling_factor;
+  }
+  if constexpr (!fiar::pattern_traits(P).norm) {
+    a.out = c.in_place && !moe ? b.in.p : b.out.p;
   } else {
     if constexpr (uses<P>(fiar::FusedTensor::ResidualIn)) {
       a.residual_in = b.residual.p;
@@ -308,7 +332,7 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
     if constexpr (uses<P>(fiar::FusedTensor::GammaPre)) a.gamma_pre = b.gamma_pre.p;
     a.eps = kFusedEps;
     a.weight_bias = c.weight_bias;
-    a.norm_out = c.in_place ? b.in.p : b.norm_out.p;
+    a.norm_out = c.in_place && !moe ? b.in.p : b.norm_out.p;
   }
   if constexpr (fp8 || nvfp4 || group || mxfp8) a.quant_out = b.quant.p;
   if constexpr (P == Pattern::ResidualRmsNormFp8 || nvfp4) a.scale = b.scale.p;
@@ -338,12 +362,12 @@ FusedResult<T> run_fused(Workspace& ws, FusedBuffers<T>& b, cudaStream_t stream,
   GPU_CHECK(cudaStreamSynchronize(stream));
 
   Outputs<T>& o = result.outputs;
-  if constexpr (P == Pattern::AllReduce) {
-    download(o.out, c.in_place ? b.in.p : b.out.p, count, stream);
+  if constexpr (!fiar::pattern_traits(P).norm) {
+    download(o.out, c.in_place && !moe ? b.in.p : b.out.p, count, stream);
   } else {
     if constexpr (uses<P>(fiar::FusedTensor::ResidualOut))
       download(o.residual_out, c.in_place ? b.residual.p : b.residual_out.p, count, stream);
-    download(o.norm_out, c.in_place ? b.in.p : b.norm_out.p, count, stream);
+    download(o.norm_out, c.in_place && !moe ? b.in.p : b.norm_out.p, count, stream);
   }
   if constexpr (fp8 || nvfp4 || group || mxfp8) download(o.quant, b.quant.p, quant_bytes, stream);
   if constexpr (P == Pattern::ResidualRmsNormFp8Dynamic)

@@ -78,6 +78,10 @@ void with_pattern(Pattern p, F&& f) {
       f(std::integral_constant<Pattern, Pattern::ResidualRmsNormFp8Group>{});
       return;
     case Pattern::ResidualRmsNormMxfp8: f(std::integral_constant<Pattern, Pattern::ResidualRmsNormMxfp8>{}); return;
+    case Pattern::MoeFinalizeAllReduce: f(std::integral_constant<Pattern, Pattern::MoeFinalizeAllReduce>{}); return;
+    case Pattern::MoeFinalizeResidualRmsNorm:
+      f(std::integral_constant<Pattern, Pattern::MoeFinalizeResidualRmsNorm>{});
+      return;
   }
   throw std::logic_error("unknown pattern");
 }
@@ -196,6 +200,13 @@ std::vector<Case> every_pattern(int tokens, bool in_place, int arch, int hidden)
       for (const auto layout : {fiar::ScaleLayout::Swizzled128x4, fiar::ScaleLayout::Linear}) {
         cases.push_back(make_case(Pattern::ResidualRmsNormMxfp8, s, tokens, layout, in_place, ""));
       }
+    }
+    // The MoE finalize: 8 experts and the shared one; 10 experts (two batches of loads), none, a scaling factor.
+    for (const Pattern p : {Pattern::MoeFinalizeAllReduce, Pattern::MoeFinalizeResidualRmsNorm}) {
+      Case moe = make_case(p, s, tokens, fiar::ScaleLayout::Swizzled128x4, in_place, "");
+      moe.call.quant = fiar_test::QuantOptions::moe(p == Pattern::MoeFinalizeAllReduce ? 8 : 10,
+                                                    p == Pattern::MoeFinalizeAllReduce, 2.5f);
+      cases.push_back(moe);
     }
     // The FP8 groups' fp32 scales too (the packed exponents above).
     Case f32 = make_case(Pattern::ResidualRmsNormFp8Group, s, tokens, fiar::ScaleLayout::Swizzled128x4, in_place, "");

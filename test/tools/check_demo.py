@@ -47,7 +47,7 @@ CASES = [
     (HOST + ["--dtype", "half", "--hidden", "12", "--tokens", "2"], 2, [r"hidden_dim = 12 for half"]),
     (HOST + ["--tokens", "0"], 2, [r"--tokens '0': expected an integer >= 1"]),
     (HOST + ["--dtype", "fp8"], 2, [r"expected one of float, half, bf16"]),
-    (HOST + ["--pattern", "rms_norm"], 2, [r"expected one of allreduce, residual_rmsnorm, .*, rmsnorm, residual_rmsnorm_prepost, residual_rmsnorm_fp8_group, residual_rmsnorm_mxfp8"]),
+    (HOST + ["--pattern", "rms_norm"], 2, [r"expected one of allreduce, residual_rmsnorm, .*, rmsnorm, residual_rmsnorm_prepost, residual_rmsnorm_fp8_group, residual_rmsnorm_mxfp8, moe_finalize_allreduce, moe_finalize_residual_rmsnorm"]),
     # NVFP4 needs 16-bit input and sm_100: rejected before anything runs, never silent zeros.
     (HOST + SMALL + ["--pattern", "residual_rmsnorm_nvfp4", "--dtype", "float", "--arch", "sm_100"], 2,
      [r"it takes 16-bit input"]),
@@ -92,7 +92,8 @@ LOG_CASES = [
 ]
 # Every fused pattern x dtype x strategy, verified against the reference.
 for pattern in ("residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp8_dynamic", "residual_rmsnorm_nvfp4",
-                "rmsnorm", "residual_rmsnorm_prepost", "residual_rmsnorm_fp8_group", "residual_rmsnorm_mxfp8"):
+                "rmsnorm", "residual_rmsnorm_prepost", "residual_rmsnorm_fp8_group", "residual_rmsnorm_mxfp8",
+                "moe_finalize_residual_rmsnorm"):
     for dtype in ("float", "half", "bf16"):
         if pattern.endswith("nvfp4") and dtype == "float":
             continue
@@ -103,7 +104,8 @@ for pattern in ("residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp
 # The same patterns through mnnvl (alternating strategies) and nccl (its own algorithm).
 for i, pattern in enumerate(("allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp8_dynamic",
                              "residual_rmsnorm_nvfp4", "rmsnorm", "residual_rmsnorm_prepost",
-                             "residual_rmsnorm_fp8_group", "residual_rmsnorm_mxfp8")):
+                             "residual_rmsnorm_fp8_group", "residual_rmsnorm_mxfp8", "moe_finalize_allreduce",
+                             "moe_finalize_residual_rmsnorm")):
     for dtype in ("float", "half", "bf16"):
         if pattern.endswith("nvfp4") and dtype == "float":
             continue

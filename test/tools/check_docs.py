@@ -23,8 +23,11 @@ BUDGETS = {
     "docs/backends.md": 780,
     "docs/design.md": 1280,
     "docs/formats.md": 200,
-    "docs/performance.md": 560,
-    "docs/troubleshooting.md": 1900,
+    # Grows with the kernels' tables and the model's sections; drops the figures from before issue 18 first.
+    "docs/performance.md": 600,
+    # The message catalogue grows with every message the code can raise (check_messages.py holds it to them); when it
+    # needs more, it drops its worked examples (multicast setup, TCP) first.
+    "docs/troubleshooting.md": 1950,
 }
 
 

@@ -123,7 +123,7 @@ lines = g.output(0)
 for backend in ("trtllm", "mnnvl", "nccl"):
     for pattern in ("allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp8_dynamic",
                     "residual_rmsnorm_nvfp4", "rmsnorm", "residual_rmsnorm_prepost", "residual_rmsnorm_fp8_group",
-                    "residual_rmsnorm_mxfp8"):
+                    "residual_rmsnorm_mxfp8", "moe_finalize_allreduce", "moe_finalize_residual_rmsnorm"):
         check(re.search(rf"rank 0: {backend} {pattern}: 2 call\(s\), 0 mismatch", lines) is not None,
               f"tcp bf16: rank 0 ran {backend} {pattern}, 0 mismatches")
 run_group("tcp float", 3, ["--dtype=float", "--calls=2", "--tokens=5"])

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <regex>
 #include <string>
 #include <type_traits>
@@ -235,6 +236,11 @@ FIAR_CASE_TEST("in place fused: out == in, norm_out == in, residual_out == resid
   fiar_test::run_and_check<Pattern::ResidualRmsNormFp8Group, T, P>(
       s, strategy, false, fiar_test::QuantOptions(64, fiar::GroupScale::Float32), 1.0f, 1.0f, false, topo);
   fiar_test::run_and_check<Pattern::ResidualRmsNormMxfp8, T, P>(s, strategy, true, {}, 0.0f, 1.0f, true, topo);
+  // The MoE finalize (its `in` cannot be aliased: the outputs are separate; residual_out == residual_in in place).
+  fiar_test::run_and_check<Pattern::MoeFinalizeAllReduce, T, P>(
+      s, strategy, false, fiar_test::QuantOptions::moe(8, true), 0.0f, 1.0f, true, topo);
+  fiar_test::run_and_check<Pattern::MoeFinalizeResidualRmsNorm, T, P>(
+      s, strategy, true, fiar_test::QuantOptions::moe(6, false, 2.5f), 1.0f, 1.0f, true, topo);
   fiar_test::run_and_check<Pattern::ResidualRmsNormMxfp8, T, P>(s, strategy, false, fiar::ScaleLayout::Linear, 1.0f,
                                                                 1.0f, false, topo);
   if constexpr (sizeof(T) == 2) {
@@ -358,6 +364,23 @@ FIAR_CASE_TEST("fused calls are checked against the pattern before anything runs
     reject([&] { group([](auto& b) { b.group_size = 24; }); });
     reject([&] { group([](auto& b) { b.group_scale = static_cast<fiar::GroupScale>(9); }); });
     reject([&] { group([&](auto& b) { b.block_scale_out = sf.data() + 1; }); });
+    // The MoE finalize: top_k, num_permuted_rows, the scaling factor, and no output over its `in` (out == in).
+    std::vector<int> idx(tokens * 2, -1);
+    std::vector<float> weights(tokens * 2, 1.0f);
+    std::vector<T> out(count);
+    const auto moe = [&](auto change) {
+      fiar::FusedArgs<T> b{.in = in.data(), .num_tokens = tokens, .out = out.data()};
+      b.expanded_idx_to_permuted_idx = idx.data();
+      b.expert_scale = weights.data();
+      b.top_k = 2;
+      b.num_permuted_rows = tokens;
+      change(b);
+      ws.template run<Pattern::MoeFinalizeAllReduce>(b);
+    };
+    reject([&] { moe([](auto& b) { b.top_k = 0; }); });
+    reject([&] { moe([](auto& b) { b.num_permuted_rows = 0; }); });
+    reject([&] { moe([](auto& b) { b.routed_scaling_factor = std::numeric_limits<float>::infinity(); }); });
+    reject([&] { moe([&](auto& b) { b.out = in.data(); }); });
     // MXFP8: the layout value.
     reject([&] {
       auto b = a;
@@ -406,6 +429,10 @@ FIAR_CASE_TEST("fused calls are checked against the pattern before anything runs
         {"group_size = 24 for"},
         {"GroupScale value 9 is not a format; allowed: ue8m0_packed, float32"},
         {"block_scale_out = 0x", "is not 4-byte aligned"},
+        {"moe_finalize_allreduce on rank", "top_k = 0; allowed: 1 to 64"},
+        {"num_permuted_rows = 0; allowed: 1 or more"},
+        {"routed_scaling_factor = inf; allowed: a finite value"},
+        {"out (0x", "overlaps in (0x", "Allowed: residual_out == residual_in, exactly (the MoE finalize"},
         {"residual_rmsnorm_mxfp8 on rank", "ScaleLayout value 3 is not a layout"},
         {"Strategy value 7 is not a strategy; allowed: auto, oneshot, twoshot"},
     };

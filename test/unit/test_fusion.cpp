@@ -18,6 +18,19 @@ using fiar::Strategy;
 using fiar_test::run_and_check;
 using fiar_test::Shape;
 
+// A trtllm workspace on the emulator (clusters of 2 blocks of 8 lanes) for calls of up to `tokens` x `hidden`, with
+// the NCCL route from that size when `strategy` is Nccl.
+template <class T>
+fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform> fused_workspace(fiar::InProcessBootstrap& boot, int world,
+                                                                           int rank, int tokens, int hidden,
+                                                                           Strategy strategy) {
+  fiar::WorkspaceConfig cfg{.max_token_num = tokens, .hidden_dim = hidden, .oneshot_at_max_tokens = true};
+  if (strategy == Strategy::Nccl) cfg.nccl_min_bytes = static_cast<std::size_t>(tokens) * hidden * sizeof(T);
+  return fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform>(
+      boot, fiar_test::one_node(world, rank, fiar_test::kFusedArch), cfg,
+      fiar::HostPlatformOptions{.blocks = 2, .lanes = 8, .cluster = 2});
+}
+
 TEMPLATE_TEST_CASE("every pattern x world size x hidden size matches the reference", "[fusion]", float, __half,
                    __nv_bfloat16) {
   const int world = GENERATE(from_range(fiar_test::sizes_for({2, 4, 8}, {2, 4})));
@@ -209,6 +222,75 @@ TEST_CASE("mxfp8 and fp8 groups: all-zero rows give zero codes and the floor sca
   for (int w : wrong) CHECK(w == 0);
 }
 
+// The MoE finalize before the all-reduce: top_k 1, 6, 8 (one batch of loads) and 10 (two), -1 holes and padding rows
+// in every rank's permuted output, with and without the shared expert, a routed scaling factor, every strategy:
+// the sum bit for bit against each rank's contribution restated (fp32 fma in k order, one rounding), the norm
+// within its bound.
+TEMPLATE_TEST_CASE("moe finalize: top_k, shared expert, scaling factor, every strategy", "[fusion][moe]", float,
+                   __nv_bfloat16) {
+  const int top_k = GENERATE(1, 6, 8, 10);
+  const bool shared = GENERATE(true, false);
+  const Strategy strategy = GENERATE(Strategy::OneShot, Strategy::TwoShot, Strategy::Nccl);
+  const Shape s{3, 5, 16 * 19};
+  const auto q = fiar_test::QuantOptions::moe(top_k, shared, top_k == 6 ? 2.5f : 1.0f);
+  CAPTURE(top_k, shared, fiar::to_string(strategy));
+  run_and_check<Pattern::MoeFinalizeAllReduce, TestType>(s, strategy, false, q);
+  run_and_check<Pattern::MoeFinalizeResidualRmsNorm, TestType>(s, strategy, top_k != 8, q);
+}
+
+// An index outside [-1, num_permuted_rows) is never read: the call treats it as -1 (the output is the sum without that
+// expert, bit for bit) and check() then throws std::invalid_argument naming it, once; the next call is clean. On one
+// rank of two, on every strategy.
+TEST_CASE("moe finalize: a bad index is skipped and reported by check(), once", "[fusion][moe]") {
+  using T = __nv_bfloat16;
+  const Strategy strategy = GENERATE(Strategy::OneShot, Strategy::TwoShot, Strategy::Nccl);
+  CAPTURE(fiar::to_string(strategy));
+  const int world = 2, tokens = 3, hidden = 64, top_k = 4;
+  const std::size_t count = static_cast<std::size_t>(tokens) * hidden;
+  std::vector<std::string> first(world), second(world);
+  std::vector<int> differing(world, -1);
+  auto errors = fiar_test::run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    auto ws = fused_workspace<T>(boot, world, rank, tokens, hidden, strategy);
+    const auto q = fiar_test::QuantOptions::moe(top_k, false);
+    fiar_test::MoeInputs<T> m = fiar_test::moe_inputs<T>(tokens, hidden, rank, q);
+    std::vector<int> bad = m.idx, skipped = m.idx;
+    if (rank == 1) {
+      bad[1 * top_k + 2] = m.rows + 1000000;  // token 1, expert 2: far past the rows
+      skipped[1 * top_k + 2] = -1;
+    }
+    std::vector<T> out_bad(count), out_skipped(count);
+    fiar::FusedArgs<T> a{.in = m.in.data(), .num_tokens = tokens, .out = out_bad.data()};
+    a.expanded_idx_to_permuted_idx = bad.data();
+    a.expert_scale = m.scale.data();
+    a.top_k = top_k;
+    a.num_permuted_rows = m.rows;
+    ws.run<Pattern::MoeFinalizeAllReduce>(a, nullptr, strategy);
+    try {
+      ws.check();
+    } catch (const std::invalid_argument& e) {
+      first[static_cast<std::size_t>(rank)] = e.what();
+    }
+    a.expanded_idx_to_permuted_idx = skipped.data();
+    a.out = out_skipped.data();
+    ws.run<Pattern::MoeFinalizeAllReduce>(a, nullptr, strategy);
+    try {
+      ws.check();
+    } catch (const std::invalid_argument& e) {
+      second[static_cast<std::size_t>(rank)] = e.what();
+    }
+    int d = 0;
+    for (std::size_t i = 0; i < count; ++i) d += fiar_test::bits(out_bad[i]) != fiar_test::bits(out_skipped[i]);
+    differing[static_cast<std::size_t>(rank)] = d;
+  });
+  fiar_test::require_no_errors(errors);
+  CHECK(first[0].empty());
+  CHECK_THAT(first[1], Catch::Contains("a MoE finalize call on rank 1: expanded_idx_to_permuted_idx[1][2] = 1000015; "
+                                       "allowed: -1 (no expert) or 0 to num_permuted_rows - 1 = 14."));
+  CHECK(second[0].empty());
+  CHECK(second[1].empty());
+  for (int d : differing) CHECK(d == 0);
+}
+
 // RmsNorm's math is ResidualRmsNorm's with a zero residual (T(sum + 0) is the sum: no element of it is -0), so its
 // norm_out must be the same bits, on every strategy and in place or not (its y staged in norm_out when a lane owns
 // several vectors: hidden 16 x 19 over 8 lanes).
@@ -221,11 +303,7 @@ TEST_CASE("rmsnorm: norm_out is residual_rmsnorm's with a zero residual, bit for
   const std::size_t count = static_cast<std::size_t>(tokens) * hidden;
   std::vector<int> differing(world, -1);
   auto errors = fiar_test::run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
-    fiar::WorkspaceConfig cfg{.max_token_num = tokens, .hidden_dim = hidden, .oneshot_at_max_tokens = true};
-    if (strategy == Strategy::Nccl) cfg.nccl_min_bytes = count * sizeof(T);
-    fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform> ws(
-        boot, fiar_test::one_node(world, rank, fiar_test::kFusedArch), cfg,
-        fiar::HostPlatformOptions{.blocks = 2, .lanes = 8, .cluster = 2});
+    auto ws = fused_workspace<T>(boot, world, rank, tokens, hidden, strategy);
     const std::vector<T> in = fiar_test::make_input<T>(count, rank, 0, false);
     const std::vector<T> gamma = fiar_test::gamma_of<T>(hidden);
     std::vector<T> zeros(count, fiar_test::from_float<T>(0.0f)), residual_out(count), with_residual(count);

@@ -45,6 +45,8 @@ TEMPLATE_TEST_CASE("multimem: every fused pattern matches the reference, world s
   run_and_check<Pattern::ResidualRmsNormFp8, TestType, MnnvlPolicy>(s, Strategy::Multimem, false);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType, MnnvlPolicy>(s, Strategy::Multimem, true);
   run_and_check<Pattern::ResidualRmsNormFp8Group, TestType, MnnvlPolicy>(s, Strategy::Multimem, true);
+  run_and_check<Pattern::MoeFinalizeResidualRmsNorm, TestType, MnnvlPolicy>(s, Strategy::Multimem, true,
+                                                                            fiar_test::QuantOptions::moe(8, true));
   run_and_check<Pattern::ResidualRmsNormMxfp8, TestType, MnnvlPolicy>({world, world + 1, 32 * 5}, Strategy::Multimem,
                                                                       true);
   if constexpr (sizeof(TestType) == 2) {

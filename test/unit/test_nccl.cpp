@@ -66,6 +66,8 @@ TEMPLATE_TEST_CASE("nccl: every fused pattern matches the reference", "[nccl]", 
   check_fused<Pattern::ResidualRmsNormFp8Group, TestType>(s, true,
                                                           fiar_test::QuantOptions(0, fiar::GroupScale::Float32));
   if (hidden % 32 == 0) check_fused<Pattern::ResidualRmsNormMxfp8, TestType>(s, true, fiar::ScaleLayout::Linear);
+  check_fused<Pattern::MoeFinalizeAllReduce, TestType>(s, false, fiar_test::QuantOptions::moe(8, true));
+  check_fused<Pattern::MoeFinalizeResidualRmsNorm, TestType>(s, true, fiar_test::QuantOptions::moe(6, false, 2.5f));
   if constexpr (sizeof(TestType) == 2) {
     check_fused<Pattern::ResidualRmsNormNvfp4, TestType>(s, true);
     check_fused<Pattern::ResidualRmsNormNvfp4, TestType>(s, false, fiar::ScaleLayout::Linear);

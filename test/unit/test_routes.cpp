@@ -183,6 +183,10 @@ TEMPLATE_TEST_CASE("routes: every fused pattern through the NCCL route matches t
   run_and_check<Pattern::ResidualRmsNormFp8, TestType, MnnvlPolicy>(s, Strategy::Nccl, false);
   run_and_check<Pattern::ResidualRmsNormFp8Dynamic, TestType, TrtllmPolicy>(s, Strategy::Nccl, true);
   run_and_check<Pattern::ResidualRmsNormFp8Group, TestType, MnnvlPolicy>(s, Strategy::Nccl, true);
+  run_and_check<Pattern::MoeFinalizeAllReduce, TestType, TrtllmPolicy>(s, Strategy::Nccl, false,
+                                                                       fiar_test::QuantOptions::moe(8, true));
+  run_and_check<Pattern::MoeFinalizeResidualRmsNorm, TestType, MnnvlPolicy>(
+      s, Strategy::Nccl, true, fiar_test::QuantOptions::moe(10, false, 2.5f));
   run_and_check<Pattern::ResidualRmsNormMxfp8, TestType, TrtllmPolicy>({4, 5, 32 * 5}, Strategy::Nccl, false);
   if constexpr (sizeof(TestType) == 2) {
     run_and_check<Pattern::ResidualRmsNormNvfp4, TestType, MnnvlPolicy>(s, Strategy::Nccl, true);

@@ -22,18 +22,22 @@
 FIAR_BEGIN_NAMESPACE
 namespace algo {
 
+struct MoeIndexError;  // algo/moe.hpp
+
 /// One call as its kernels get it: the validated FusedArgs (in, out, num_tokens, the fused outputs and parameters;
-/// unused members are null / ignored for a pattern) and the norm's mean factor.
+/// unused members are null / ignored for a pattern), the norm's mean factor, and where a MoE finalize records a bad
+/// index.
 template <ReduceType T>
 struct EpilogueParams : FusedArgs<T> {
   double inv_hidden = 0.0;  ///< 1 / hidden_dim in fp64 (the norm's mean: docs/design.md); 0: the kernel divides itself
+  MoeIndexError* index_error = nullptr;  ///< MoE finalize: the workspace's record (null: not recorded)
 };
 
 /// A call's kernel parameters; with hidden_dim, also the norm's 1 / hidden_dim (the backends pass it; without it
-/// each norm kernel computes it itself, a fp64 division).
+/// each norm kernel computes it itself, a fp64 division), and the record of bad MoE indices.
 template <ReduceType T>
-EpilogueParams<T> epilogue_params(const FusedArgs<T>& a, int hidden_dim = 0) {
-  return EpilogueParams<T>{a, hidden_dim > 0 ? 1.0 / static_cast<double>(hidden_dim) : 0.0};
+EpilogueParams<T> epilogue_params(const FusedArgs<T>& a, int hidden_dim = 0, MoeIndexError* index_error = nullptr) {
+  return EpilogueParams<T>{a, hidden_dim > 0 ? 1.0 / static_cast<double>(hidden_dim) : 0.0, index_error};
 }
 
 namespace detail {

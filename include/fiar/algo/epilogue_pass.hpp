@@ -15,6 +15,7 @@
 #include "../exec/vec.hpp"
 #include "convert.hpp"
 #include "epilogue.hpp"
+#include "moe.hpp"
 
 FIAR_BEGIN_NAMESPACE
 namespace algo {
@@ -27,15 +28,30 @@ struct EpiloguePassParams {
   int num_tokens;
   int vecs_per_token;     ///< hidden_dim * sizeof(T) / 16
   EpilogueParams<T> epi;  ///< the fused outputs
+  /// MoE finalize patterns: non-null makes this launch the pass before the all-reduce, which writes this rank's
+  /// contributions ([num_tokens, hidden_dim]) here instead of running the epilogue
+  T* finalized = nullptr;
 };
 
 /// Cluster-strided over the tokens: each token's reduced vectors are read from `sum` and handed to the pattern's
 /// epilogue (residual add, RMSNorm, FP8 / NVFP4 quantization); then the call-wide outputs (the padding rows of a
-/// swizzled NVFP4 scale tensor). Every lane of every block must call it.
+/// swizzled NVFP4 scale tensor). Every lane of every block must call it. A MoE finalize pattern's launch with
+/// `finalized` set is the pass before the all-reduce instead: each token's contribution (algo/moe.hpp) into it.
 FIAR_EXEC_CHECK_DISABLE
 template <Pattern P, ReduceType T, class Ctx>
 FIAR_HD void epilogue_pass(Ctx& ctx, const EpiloguePassParams<T>& p) {
   const exec::TokenSplit split = exec::token_split(ctx);
+  if constexpr (pattern_traits(P).prologue == Prologue::MoeFinalize) {
+    if (p.finalized != nullptr) {  // the finalize, before the all-reduce
+      for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
+        for (int v = split.first_vec; v < p.vecs_per_token; v += split.vec_step) {
+          detail::store_row(p.finalized, t, p.vecs_per_token, v,
+                            exec::sanitize<sizeof(T)>(moe_contribution<T>(ctx, p.epi, t, v, p.vecs_per_token)));
+        }
+      }
+      return;
+    }
+  }
   for (int t = split.first_token; t < p.num_tokens; t += split.token_step) {
     const Vec16* row = reinterpret_cast<const Vec16*>(p.sum) + static_cast<std::size_t>(t) * p.vecs_per_token;
     finish_token<P, T>(ctx, p.out, p.epi, t, p.vecs_per_token, [row](int v) { return row[v]; });

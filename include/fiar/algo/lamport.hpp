@@ -18,6 +18,7 @@
 #include "../exec/vec.hpp"
 #include "convert.hpp"
 #include "epilogue.hpp"
+#include "moe.hpp"
 
 FIAR_BEGIN_NAMESPACE
 namespace algo {
@@ -357,12 +358,18 @@ FIAR_HD inline void store_to_all(Ctx& ctx, const LamportParams<T>& p, std::uint3
   }
 }
 
-template <ReduceType T>
-FIAR_HD inline Vec16 load_input(const LamportParams<T>& p, int token, int vec) {
-  // 32-bit vector index (a call's input is far below 2^32 vectors), one wide multiply-add for the address.
-  const auto i = static_cast<std::uint32_t>(token) * static_cast<std::uint32_t>(p.vecs_per_token) +
-                 static_cast<std::uint32_t>(vec);
-  return exec::sanitize<sizeof(T)>(reinterpret_cast<const Vec16*>(p.epi.in)[i]);
+// Vector `vec` of this rank's contribution to token `token`: its input row, or the MoE finalize of its expert rows.
+FIAR_EXEC_CHECK_DISABLE
+template <Pattern P, ReduceType T, class Ctx>
+FIAR_HD inline Vec16 load_input(Ctx& ctx, const LamportParams<T>& p, int token, int vec) {
+  if constexpr (pattern_traits(P).prologue == Prologue::MoeFinalize) {
+    return exec::sanitize<sizeof(T)>(moe_contribution<T>(ctx, p.epi, token, vec, p.vecs_per_token));
+  } else {
+    // 32-bit vector index (a call's input is far below 2^32 vectors), one wide multiply-add for the address.
+    const auto i = static_cast<std::uint32_t>(token) * static_cast<std::uint32_t>(p.vecs_per_token) +
+                   static_cast<std::uint32_t>(vec);
+    return exec::sanitize<sizeof(T)>(reinterpret_cast<const Vec16*>(p.epi.in)[i]);
+  }
 }
 
 FIAR_EXEC_CHECK_DISABLE
@@ -476,7 +483,7 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
     FIAR_NO_UNROLL
     for (int v = split.first_vec; v < p.vecs_per_token; v += split.vec_step) {
-      store_to_all<X>(ctx, p, slot(p.rank, t, v), load_input(p, t, v));
+      store_to_all<X>(ctx, p, slot(p.rank, t, v), load_input<P>(ctx, p, t, v));
     }
   }
 
@@ -549,7 +556,7 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
     int owner = t / chunk, local = t - owner * chunk;
     FIAR_NO_UNROLL
     for (int i = lane_id; i < total; i += grid_lanes) {
-      ctx.store16(p.buffers[owner] + scatter_slot(p.rank, local, v), load_input(p, t, v));
+      ctx.store16(p.buffers[owner] + scatter_slot(p.rank, local, v), load_input<P>(ctx, p, t, v));
       v += dv;
       t += dt;
       local += dt;

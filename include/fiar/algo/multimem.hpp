@@ -131,7 +131,7 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
   push_digest<Transport::Multicast>(ctx, p, f);
   for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
     for (int v = cluster_lane; v < p.vecs_per_token; v += cluster_lanes) {
-      ctx.store16(p.buffers[p.rank] + at(t, v), load_input(p, t, v));
+      ctx.store16(p.buffers[p.rank] + at(t, v), load_input<P>(ctx, p, t, v));
     }
   }
   clear_previous(ctx, p, f);

@@ -109,11 +109,13 @@ class LamportEngine {
     boot.barrier();  // no rank pushes into a buffer before its owner has filled it with sentinels
   }
 
-  /// Launches a validated call with strategy s (OneShot, TwoShot, or Multimem on mnnvl).
+  /// Launches a validated call with strategy s (OneShot, TwoShot, or Multimem on mnnvl); a MoE finalize records a bad
+  /// index in `index_error`.
   template <Pattern P>
-  void launch(Pf& platform, const FusedArgs<T>& a, int hidden_dim, Strategy s, cudaStream_t stream) {
+  void launch(Pf& platform, const FusedArgs<T>& a, int hidden_dim, Strategy s, algo::MoeIndexError* index_error,
+              cudaStream_t stream) {
     algo::LamportParams<T> p = params_;
-    p.epi = algo::epilogue_params(a, hidden_dim);
+    p.epi = algo::epilogue_params(a, hidden_dim, index_error);
     p.digest = algo::CallDigest{0u, static_cast<std::uint32_t>(a.num_tokens), static_cast<std::uint32_t>(P),
                                 s == Strategy::TwoShot    ? algo::kDigestTwoShot
                                 : s == Strategy::Multimem ? algo::kDigestMultimem

@@ -72,16 +72,27 @@ class NcclEngine {
   /// Before a call's checks: the collective's recorded failures (CUDA: and whether the stream is being captured).
   void begin_call(cudaStream_t stream) { coll_.begin_call(stream); }
 
-  /// Launches a validated call: the sum into `out` (AllReduce) or the collective's buffer, then the epilogue.
+  /// Launches a validated call: the sum into `out` (a plain sum: AllReduce, MoeFinalizeAllReduce) or the
+  /// collective's buffer, then the epilogue. A MoE finalize first writes this rank's contributions where the
+  /// collective reads its input (the epilogue's kernel in its finalize mode), recording a bad index in `index_error`.
   template <Pattern P>
-  void launch(Pf& platform, const FusedArgs<T>& a, int hidden_dim, cudaStream_t stream) {
+  void launch(Pf& platform, const FusedArgs<T>& a, int hidden_dim, algo::MoeIndexError* index_error,
+              cudaStream_t stream) {
+    constexpr bool kPlainSum = !pattern_traits(P).norm;
     const std::size_t count = static_cast<std::size_t>(a.num_tokens) * static_cast<std::size_t>(hidden_dim);
-    const T* sum = coll_.allreduce(a.in, P == Pattern::AllReduce ? a.out : nullptr, a.num_tokens, count, P, stream);
-    if constexpr (P != Pattern::AllReduce) {
+    const algo::EpilogueParams<T> epi = algo::epilogue_params(a, hidden_dim, index_error);
+    T* const out = kPlainSum ? a.out : nullptr;
+    const T* in = a.in;
+    if constexpr (pattern_traits(P).prologue == Prologue::MoeFinalize) {
+      T* const staged = coll_.staging(out, count);
       platform.template launch<NcclEpilogue<P, T>>(
-          algo::EpiloguePassParams<T>{sum, nullptr, a.num_tokens, vecs_per_token_,
-                                      algo::epilogue_params(a, hidden_dim)},
-          stream);
+          algo::EpiloguePassParams<T>{nullptr, nullptr, a.num_tokens, vecs_per_token_, epi, staged}, stream);
+      in = staged;
+    }
+    const T* sum = coll_.allreduce(in, out, a.num_tokens, count, P, stream);
+    if constexpr (!kPlainSum) {
+      platform.template launch<NcclEpilogue<P, T>>(
+          algo::EpiloguePassParams<T>{sum, nullptr, a.num_tokens, vecs_per_token_, epi}, stream);
     }
     coll_.end_call(stream);
   }

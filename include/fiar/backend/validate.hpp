@@ -116,11 +116,14 @@ inline void validate_call_basics(int rank, Pattern pattern, Strategy strategy, c
   }
 }
 
-// How a call's block_scale_out is laid out: the NVFP4 layout, or the FP8 groups and their format.
+// What sizes a call's tensors beyond [num_tokens, hidden_dim]: block_scale_out's layout (NVFP4, MXFP8) or the FP8
+// groups and their format; the MoE finalize's experts per token and rows of `in`.
 struct ScaleShape {
   ScaleLayout layout = ScaleLayout::Swizzled128x4;
   int group_size = 0;
   GroupScale group_scale = GroupScale::Ue8m0Packed;
+  int top_k = 0;
+  int permuted_rows = 0;
 };
 
 // Bytes of tensor t of a call of a pattern (rows tokens, hidden elements of elem_bytes each per row).
@@ -129,6 +132,12 @@ constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, s
   switch (t) {
     case FusedTensor::Gamma:
     case FusedTensor::GammaPre: return hidden * elem_bytes;
+    case FusedTensor::In:
+      return traits.prologue == Prologue::MoeFinalize
+                 ? static_cast<std::size_t>(scales.permuted_rows > 0 ? scales.permuted_rows : 0) * hidden * elem_bytes
+                 : rows * hidden * elem_bytes;
+    case FusedTensor::ExpandedIdx:
+    case FusedTensor::ExpertScale: return rows * static_cast<std::size_t>(scales.top_k > 0 ? scales.top_k : 0) * 4;
     case FusedTensor::QuantOut: return traits.quant == Quant::Nvfp4 ? rows * hidden / 2 : rows * hidden;
     case FusedTensor::Scale: return sizeof(float);
     case FusedTensor::ScaleOut: return rows * sizeof(float);
@@ -147,7 +156,9 @@ constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, s
 constexpr std::size_t tensor_alignment(FusedTensor t, const PatternTraits& traits) {
   switch (t) {
     case FusedTensor::Scale:
-    case FusedTensor::ScaleOut: return alignof(float);
+    case FusedTensor::ScaleOut:
+    case FusedTensor::ExpandedIdx:
+    case FusedTensor::ExpertScale: return alignof(float);
     case FusedTensor::BlockScaleOut: return traits.quant == Quant::Fp8Group ? 4 : 1;  // int32 / fp32 elements
     default: return 16;
   }
@@ -156,10 +167,12 @@ constexpr bool is_output(FusedTensor t) {
   return t == FusedTensor::Out || t == FusedTensor::ResidualOut || t == FusedTensor::NormOut ||
          t == FusedTensor::QuantOut || t == FusedTensor::ScaleOut || t == FusedTensor::BlockScaleOut;
 }
-// The aliases inference engines rely on, each allowed only exactly (same address, same size).
-constexpr bool allowed_alias(FusedTensor x, FusedTensor y) {
+// The aliases inference engines rely on, each allowed only exactly (same address, same size). Not onto a MoE
+// finalize's `in`: its rows are other tokens' experts, read while earlier tokens' outputs are written.
+constexpr bool allowed_alias(FusedTensor x, FusedTensor y, const PatternTraits& traits) {
   auto pair = [&](FusedTensor a, FusedTensor b) { return (x == a && y == b) || (x == b && y == a); };
-  return pair(FusedTensor::Out, FusedTensor::In) || pair(FusedTensor::NormOut, FusedTensor::In) ||
+  const bool onto_in = traits.prologue == Prologue::None;
+  return (onto_in && (pair(FusedTensor::Out, FusedTensor::In) || pair(FusedTensor::NormOut, FusedTensor::In))) ||
          pair(FusedTensor::ResidualOut, FusedTensor::ResidualIn);
 }
 
@@ -175,6 +188,7 @@ struct CallView {
   int rank;
   float eps;
   float weight_bias;
+  float routed_scaling_factor;
   ScaleShape scales;
   const void* tensors[kFusedTensorCount];
 };
@@ -246,6 +260,24 @@ void validate_call_view(const CallView& c, const Pf& platform) {
                                   "hidden_dim. Fix: pass the GEMM's quantization group (128 for DeepGEMM).");
     }
   }
+  if (traits.prologue == Prologue::MoeFinalize) {
+    if (c.scales.top_k < 1 || c.scales.top_k > kMaxTopK) {
+      throw std::invalid_argument(where() + "top_k = " + std::to_string(c.scales.top_k) + "; allowed: 1 to " +
+                                  std::to_string(kMaxTopK) +
+                                  ". Fix: pass the experts per token, the columns of expanded_idx_to_permuted_idx.");
+    }
+    if (c.scales.permuted_rows < 1) {
+      throw std::invalid_argument(
+          where() + "num_permuted_rows = " + std::to_string(c.scales.permuted_rows) +
+          "; allowed: 1 or more (the rows of in, this rank's permuted expert output). Fix: pass "
+          "the rows of in.");
+    }
+    if (!std::isfinite(c.routed_scaling_factor)) {
+      throw std::invalid_argument(
+          where() + "routed_scaling_factor = " + float_text(c.routed_scaling_factor) +
+          "; allowed: a finite value. Fix: pass the model's routed scaling factor (1 if none).");
+    }
+  }
   const auto rows = static_cast<std::size_t>(c.num_tokens);
   const auto hidden = static_cast<std::size_t>(c.hidden_dim);
   auto label = [](FusedTensor t) { return kFusedTensorNames[static_cast<int>(t)]; };
@@ -281,12 +313,16 @@ void validate_call_view(const CallView& c, const Pf& platform) {
       const auto b0 = reinterpret_cast<std::uintptr_t>(c.tensors[j]);
       const std::size_t xb = bytes(x), yb = bytes(y);
       if (!(a0 < b0 + yb && b0 < a0 + xb)) continue;
-      if (a0 == b0 && xb == yb && allowed_alias(x, y)) continue;
-      throw std::invalid_argument(where() + label(x) + " (" + pointer_text(c.tensors[i]) + ", " + std::to_string(xb) +
-                                  " bytes) overlaps " + label(y) + " (" + pointer_text(c.tensors[j]) + ", " +
-                                  std::to_string(yb) +
-                                  " bytes). Allowed: out == in, norm_out == in, residual_out == residual_in, exactly. "
-                                  "Fix: pass disjoint buffers or one of those aliases.");
+      if (a0 == b0 && xb == yb && allowed_alias(x, y, traits)) continue;
+      throw std::invalid_argument(
+          where() + label(x) + " (" + pointer_text(c.tensors[i]) + ", " + std::to_string(xb) + " bytes) overlaps " +
+          label(y) + " (" + pointer_text(c.tensors[j]) + ", " + std::to_string(yb) + " bytes). " +
+          (traits.prologue == Prologue::None
+               ? "Allowed: out == in, norm_out == in, residual_out == residual_in, exactly. "
+                 "Fix: pass disjoint buffers or one of those aliases."
+               : "Allowed: residual_out == residual_in, exactly (the MoE finalize reads rows of "
+                 "in for every token: nothing may be written over them). Fix: pass disjoint "
+                 "buffers."));
     }
   }
 }
@@ -303,7 +339,8 @@ void validate_fused(const FusedArgs<T>& a, int hidden_dim, int arch, int rank, c
              rank,
              a.eps,
              a.weight_bias,
-             ScaleShape{a.layout, a.group_size, a.group_scale},
+             a.routed_scaling_factor,
+             ScaleShape{a.layout, a.group_size, a.group_scale, a.top_k, a.num_permuted_rows},
              {}};
   for (int i = 0; i < kFusedTensorCount; ++i) c.tensors[i] = tensor_address(a, static_cast<FusedTensor>(i));
   validate_call_view(c, platform);

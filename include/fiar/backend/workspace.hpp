@@ -25,9 +25,11 @@
 #include <type_traits>
 #include <utility>
 
+#include "../algo/moe.hpp"
 #include "../comm/agree.hpp"
 #include "../comm/bootstrap.hpp"
 #include "../core/backend.hpp"
+#include "../core/borrowed.hpp"
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
 #include "../core/errors.hpp"
@@ -40,6 +42,7 @@
 #include "../core/text.hpp"
 #include "../core/topology.hpp"
 #include "../core/version.hpp"
+#include "../exec/atomics.hpp"
 #include "../platform/concept.hpp"
 #include "../platform/cuda.hpp"
 #include "../runtime/nccl.hpp"
@@ -283,6 +286,7 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
     } else {
       nccl_.emplace(this->platform_, boot, topo, cfg, this->thresholds_.nccl_symmetric_max_bytes);
     }
+    allocate_index_error();
     warn_if_slow(topo);
   }
 
@@ -298,6 +302,7 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
                return e.empty() ? detail::NcclCollective::adopt_error(comm, topo) : e;
              })) {
     nccl_.emplace(this->platform_, boot, topo, cfg, this->thresholds_.nccl_symmetric_max_bytes, comm, true);
+    allocate_index_error();
     warn_if_slow(topo);
   }
 
@@ -342,16 +347,16 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
         // it, and every rank raises mismatch_error instead of waiting for a collective the other never joins.
         lamport_->template announce<Q>(this->platform_, a.num_tokens, stream);
         if constexpr (Pf::synchronous) check_lamport();
-        nccl_->template launch<Q>(this->platform_, a, hidden, stream);
+        nccl_->template launch<Q>(this->platform_, a, hidden, index_error_.get(), stream);
       } else {
-        lamport_->template launch<Q>(this->platform_, a, hidden, s, stream);
+        lamport_->template launch<Q>(this->platform_, a, hidden, s, index_error_.get(), stream);
         if constexpr (Pf::synchronous) check_lamport();
       }
       this->last_strategy_ = s;
     } else {
       nccl_->begin_call(stream);
       this->template checked_strategy<Q>(a, strategy);
-      nccl_->template launch<Q>(this->platform_, a, hidden, stream);
+      nccl_->template launch<Q>(this->platform_, a, hidden, index_error_.get(), stream);
     }
   }
 
@@ -359,9 +364,12 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   /// fiar::timeout_error once a call gave up waiting for a peer (then on every later call: recreate the workspace on
   /// every rank); nccl on CudaPlatform also fiar::cuda_error for an asynchronous NCCL error; std::logic_error on a
   /// moved-from workspace.
+  /// A MoE finalize call that met an expanded_idx_to_permuted_idx entry outside [-1, num_permuted_rows) (treated as
+  /// -1) makes the next check() throw std::invalid_argument naming it, once; the workspace stays usable.
   void check() const {
     if constexpr (kLamport) check_lamport();
     if (nccl_) nccl_->check();
+    check_index_error();
   }
 
   /// Test hook, not for production: numbers this rank's next call `call` (the protocol's counter wraps at 2^32, every
@@ -407,6 +415,22 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   }
 
  private:
+  // Throws (once) the bad MoE index a call recorded, if any.
+  void check_index_error() const {
+    algo::MoeIndexError* e = index_error_.get();
+    if (e == nullptr || Pf::read_word(&e->claim) == 0) return;
+    const auto value = static_cast<std::int32_t>(Pf::read_word(&e->value));
+    const std::string text =
+        "fiar: a MoE finalize call on rank " + std::to_string(this->topo_.rank) + ": expanded_idx_to_permuted_idx[" +
+        std::to_string(Pf::read_word(&e->token)) + "][" + std::to_string(Pf::read_word(&e->k)) +
+        "] = " + std::to_string(value) + "; allowed: -1 (no expert) or 0 to num_permuted_rows - 1 = " +
+        std::to_string(static_cast<std::int32_t>(Pf::read_word(&e->rows)) - 1) +
+        ". The kernel skipped it (as -1), so that token's outputs lack one expert. Fix: pass the map of the "
+        "permutation that produced in, and its rows as num_permuted_rows.";
+    exec::SystemAtomics::store_release(&e->claim, 0u);  // host memory on both platforms (allocate_host_visible)
+    throw std::invalid_argument(text);
+  }
+
   // Throws the failure a Lamport call recorded (a peer's digest differed, or a peer never came), if any: the workspace
   // is unusable then, its route too. On GPUs an owned communicator is aborted first, so a routed call still waiting
   // for a rank that took the Lamport path ends instead of holding the stream until the timeout.
@@ -419,6 +443,12 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   }
   static StrategyThresholds thresholds(const Topology& topo, const WorkspaceConfig& cfg) {
     return fiar::strategy_thresholds(P::backend, topo, cfg);
+  }
+  // The record of bad MoE indices (host-visible: host memory the kernels also write), cleared.
+  void allocate_index_error() {
+    auto* e = static_cast<algo::MoeIndexError*>(this->platform_.allocate_host_visible(sizeof(algo::MoeIndexError)));
+    exec::SystemAtomics::store_release(&e->claim, 0u);
+    index_error_ = detail::Borrowed(e);
   }
   // Why the engines cannot exist in this build ("" when they can): nccl without NCCL on CudaPlatform.
   static std::string creation_error() { return kLamport ? std::string() : Nccl::creation_error(); }
@@ -521,6 +551,8 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   // Declared after the platform (in the base): destroyed before the memory they point into.
   std::optional<Lamport> lamport_;  ///< trtllm / mnnvl
   std::optional<Nccl> nccl_;        ///< nccl, or the NCCL route of trtllm / mnnvl
+  detail::Borrowed<algo::MoeIndexError>
+      index_error_;  ///< the platform's memory: where MoE finalize calls record a bad index
 };
 
 /// What every workspace offers (Workspace<P, T, Platform> for each backend, and AnyWorkspace).

@@ -108,6 +108,15 @@ struct FusedArgs {
   /// 4 for float), at most 32 vectors, dividing hidden_dim
   int group_size = 128;
   GroupScale group_scale = GroupScale::Ue8m0Packed;  ///< fp8 group: how block_scale_out stores the scales
+  /// MoE finalize: for token t and k < top_k, the row of `in` (this rank's permuted expert output,
+  /// [num_permuted_rows, hidden_dim]) holding its k-th expert's output, or -1 (none): int32 [num_tokens, top_k]
+  const int* expanded_idx_to_permuted_idx = nullptr;
+  const float* expert_scale = nullptr;  ///< MoE finalize: the router weights, fp32 [num_tokens, top_k]
+  const T* shared_expert_out =
+      nullptr;                ///< MoE finalize (optional): the shared expert's output, [num_tokens, hidden_dim]
+  int top_k = 0;              ///< MoE finalize: experts per token, 1 to kMaxTopK
+  int num_permuted_rows = 0;  ///< MoE finalize: rows of `in`
+  float routed_scaling_factor = 1.0f;  ///< MoE finalize: multiplies every expert_scale
 };
 
 /// The address of tensor t of a call (null when unset).
@@ -125,6 +134,9 @@ constexpr const void* tensor_address(const FusedArgs<T>& a, FusedTensor t) {
     case FusedTensor::ScaleOut: return a.scale_out;
     case FusedTensor::BlockScaleOut: return a.block_scale_out;
     case FusedTensor::GammaPre: return a.gamma_pre;
+    case FusedTensor::ExpandedIdx: return a.expanded_idx_to_permuted_idx;
+    case FusedTensor::ExpertScale: return a.expert_scale;
+    case FusedTensor::SharedExpertOut: return a.shared_expert_out;
   }
   return nullptr;
 }

@@ -22,13 +22,16 @@
   X(__VA_ARGS__, RmsNorm)                   \
   X(__VA_ARGS__, ResidualRmsNormPrePost)    \
   X(__VA_ARGS__, ResidualRmsNormFp8Group)   \
-  X(__VA_ARGS__, ResidualRmsNormMxfp8)
+  X(__VA_ARGS__, ResidualRmsNormMxfp8)      \
+  X(__VA_ARGS__, MoeFinalizeAllReduce)      \
+  X(__VA_ARGS__, MoeFinalizeResidualRmsNorm)
 
 FIAR_BEGIN_NAMESPACE
 
 /// What a call computes after the all-reduce (FlashInfer's AllReduceFusionPattern codes 0, 1, 2/4, 10/11, 3/5, then
 /// TensorRT-LLM's AllReduceFusionOp 9 for RmsNorm, 3 for ResidualRmsNormPrePost, FlashInfer's 8/9 for
-/// ResidualRmsNormFp8Group, TensorRT-LLM's 11 for ResidualRmsNormMxfp8).
+/// ResidualRmsNormFp8Group, TensorRT-LLM's 11 for ResidualRmsNormMxfp8; FlashInfer's 7 / TensorRT-LLM's 8 for the MoE
+/// finalize patterns).
 enum class Pattern {
   AllReduce,                  ///< out = sum
   ResidualRmsNorm,            ///< residual_out = sum + residual_in; norm_out = RMSNorm(residual_out)
@@ -39,6 +42,8 @@ enum class Pattern {
   ResidualRmsNormPrePost,     ///< residual_out = RMSNorm_pre(sum) + residual_in; norm_out = RMSNorm(residual_out)
   ResidualRmsNormFp8Group,    ///< ResidualRmsNorm, then e4m3 with a power-of-two scale per group of group_size elements
   ResidualRmsNormMxfp8,       ///< ResidualRmsNorm, then MXFP8: e4m3 values in 32-element blocks, e8m0 block scales
+  MoeFinalizeAllReduce,       ///< out = sum of each rank's MoE finalize (its top_k expert rows weighted, + shared)
+  MoeFinalizeResidualRmsNorm,  ///< the MoE finalize, then ResidualRmsNorm
 };
 
 /// Where the NVFP4 (and MXFP8) block scales of token m, 16-element (32-element) block k go.
@@ -57,6 +62,13 @@ enum class GroupScale {
 /// The quantized output a pattern writes after the norm.
 enum class Quant { None, Fp8Static, Fp8Dynamic, Nvfp4, Fp8Group, Mxfp8 };
 
+/// What a pattern computes from `in` before the all-reduce: `in` itself, or the MoE finalize (each token's top_k rows
+/// of the permuted expert output in `in`, weighted by expert_scale, plus shared_expert_out).
+enum class Prologue { None, MoeFinalize };
+
+/// The most experts per token a MoE finalize call may weight (FusedArgs::top_k).
+inline constexpr int kMaxTopK = 64;
+
 /// How a pattern uses one tensor of FusedArgs: an Unused output must be null, an Unused input is ignored.
 enum class TensorUse : std::uint8_t { Unused, Optional, Required };
 
@@ -72,14 +84,21 @@ enum class FusedTensor {
   Scale,
   ScaleOut,
   BlockScaleOut,
-  GammaPre
+  GammaPre,
+  ExpandedIdx,
+  ExpertScale,
+  SharedExpertOut
 };
-inline constexpr int kFusedTensorCount = 11;
+inline constexpr int kFusedTensorCount = 14;
 
 /// Each tensor's name, as FusedArgs spells its member (and messages name it).
-inline constexpr const char* kFusedTensorNames[kFusedTensorCount] = {
-    "in",        "out",   "residual_in", "residual_out",    "gamma",    "norm_out",
-    "quant_out", "scale", "scale_out",   "block_scale_out", "gamma_pre"};
+inline constexpr const char* kFusedTensorNames[kFusedTensorCount] = {"in",           "out",
+                                                                     "residual_in",  "residual_out",
+                                                                     "gamma",        "norm_out",
+                                                                     "quant_out",    "scale",
+                                                                     "scale_out",    "block_scale_out",
+                                                                     "gamma_pre",    "expanded_idx_to_permuted_idx",
+                                                                     "expert_scale", "shared_expert_out"};
 
 /// One pattern, described.
 struct PatternTraits {
@@ -90,16 +109,18 @@ struct PatternTraits {
   int min_arch;         ///< lowest compute capability x10 (0: any)
   bool needs_16bit;     ///< half or bf16 input only
   int hidden_multiple;  ///< hidden_dim must be a multiple of it (beyond the 16-byte vectors every pattern needs)
-  TensorUse use[kFusedTensorCount];  ///< per FusedTensor
-  const char* feature;               ///< what min_arch / needs_16bit / hidden_multiple are for, in messages ("NVFP4")
-  const char* alternative;           ///< the pattern to suggest where this one cannot run
+  TensorUse use[kFusedTensorCount];    ///< per FusedTensor
+  const char* feature;                 ///< what min_arch / needs_16bit / hidden_multiple are for, in messages ("NVFP4")
+  const char* alternative;             ///< the pattern to suggest where this one cannot run
+  Prologue prologue = Prologue::None;  ///< what the push phase computes from `in`
 };
 
 namespace detail {
 using U = TensorUse;
 // clang-format off
 // One row per pattern, in enumeration order. Uses: in out residual_in/out gamma norm_out quant_out scale scale_out
-// block_scale_out gamma_pre
+// block_scale_out gamma_pre (then expanded_idx_to_permuted_idx expert_scale shared_expert_out: Unused where not
+// listed)
 inline constexpr PatternTraits kPatternTable[] = {
     {Pattern::AllReduce, "allreduce", false, Quant::None, 0, false, 1,
      {U::Required, U::Required, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused,
@@ -137,6 +158,14 @@ inline constexpr PatternTraits kPatternTable[] = {
      {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Optional, U::Required, U::Unused, U::Unused,
       U::Required, U::Unused},
      "MXFP8", "residual_rmsnorm_fp8_group"},
+    {Pattern::MoeFinalizeAllReduce, "moe_finalize_allreduce", false, Quant::None, 0, false, 1,
+     {U::Required, U::Required, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused, U::Unused,
+      U::Unused, U::Unused, U::Required, U::Required, U::Optional},
+     "", "", Prologue::MoeFinalize},
+    {Pattern::MoeFinalizeResidualRmsNorm, "moe_finalize_residual_rmsnorm", true, Quant::None, 0, false, 1,
+     {U::Required, U::Unused, U::Required, U::Required, U::Required, U::Required, U::Unused, U::Unused, U::Unused,
+      U::Unused, U::Unused, U::Required, U::Required, U::Optional},
+     "", "", Prologue::MoeFinalize},
 };
 // clang-format on
 inline constexpr int kPatternCount = static_cast<int>(std::size(kPatternTable));

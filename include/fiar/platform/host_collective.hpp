@@ -62,8 +62,14 @@ class HostCollective {
   void check_recorded() const { check(); }
   void end_call(cudaStream_t) const {}
 
-  /// Sums `count` elements of `in` over the ranks into `out` (null: the collective's own buffer); returns where the
-  /// sum is. Synchronous.
+  /// Where a call whose input a kernel writes first (the MoE finalize) should put it: `out`, else the sum buffer.
+  template <ReduceType T>
+  T* staging(T* out, std::size_t) const {
+    return out != nullptr ? out : reinterpret_cast<T*>(scratch_.get());
+  }
+
+  /// Sums `count` elements of `in` over the ranks into `out` (null: the collective's own buffer; either may be `in`:
+  /// it is copied out first); returns where the sum is. Synchronous.
   template <ReduceType T>
   const T* allreduce(const T* in, T* out, int num_tokens, std::size_t count, Pattern pattern, cudaStream_t) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;

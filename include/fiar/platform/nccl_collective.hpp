@@ -83,11 +83,21 @@ class NcclCollective {
     check_state(!capturing_);
   }
 
+  /// Where a call of `count` elements whose input a kernel writes first (the MoE finalize) should put it: the
+  /// symmetric window when the call takes it, else `out`, else the sum buffer (the all-reduce then runs in place).
+  template <ReduceType T>
+  T* staging(T* out, std::size_t count) const {
+#if FIAR_HAS_NCCL
+    if (symmetric_ && count * sizeof(T) <= symmetric_max_bytes_) return static_cast<T*>(window_.get());
+#endif
+    return out != nullptr ? out : reinterpret_cast<T*>(scratch_.get());
+  }
+
   /// Enqueues the sum of `count` elements of `in` over the ranks on `stream`, into `out` (null: the collective's own
   /// buffer); returns where the sum will be. Symmetric (up to symmetric_max_bytes): the input is copied into the
   /// registered window, reduced there in place by NCCL's symmetric kernel, and read from there (copied into `out`
   /// when given). Classic (no window, or a larger call, where the copies cost more than the symmetric kernels save):
-  /// NCCL reads `in` and writes the result.
+  /// NCCL reads `in` and writes the result (in place when `in` is where the sum goes: staging()).
   template <ReduceType T>
   const T* allreduce(const T* in, T* out, int /*num_tokens*/, std::size_t count, Pattern pattern, cudaStream_t stream) {
 #if FIAR_HAS_NCCL
@@ -95,7 +105,7 @@ class NcclCollective {
     T* window = symmetric_ && bytes <= symmetric_max_bytes_ ? static_cast<T*>(window_.get()) : nullptr;
     T* sum = window != nullptr ? window : out != nullptr ? out : reinterpret_cast<T*>(scratch_.get());
     DeviceGuard guard(device_);
-    if (window != nullptr) {
+    if (window != nullptr && in != window) {
       cuda_check(cudaMemcpyAsync(window, in, bytes, cudaMemcpyDeviceToDevice, stream),
                  "cudaMemcpyAsync (the input into the nccl workspace's symmetric window)",
                  [&] { return "in and the stream belong to device " + std::to_string(device_); });
