@@ -164,6 +164,9 @@ int register_cases(std::tuple<Cs...>*, const char* name, const char* tags, const
 
 // FIAR_CASE_TEST("property", "[extra tags]", fiar_test::Cases) { ... TestType is the Case ... }: one test case per
 // case of the list (a std::tuple of Case<Policy, T>), like TEMPLATE_LIST_TEST_CASE, but named and tagged per backend.
-#define FIAR_CASE_TEST(Name, Tags, List)                             \
-  FIAR_CASE_TEST_IMPL(FIAR_CASE_TEST_CAT(fiar_case_test_, __LINE__), \
-                      FIAR_CASE_TEST_CAT(fiar_case_registered_, __LINE__), Name, Tags, List)
+// Its names are numbered by __COUNTER__, expanded once: __LINE__ collides when two files of one unity translation unit
+// have a test case on the same line.
+#define FIAR_CASE_TEST(Name, Tags, List) FIAR_CASE_TEST_NUMBERED(Name, Tags, List, __COUNTER__)
+#define FIAR_CASE_TEST_NUMBERED(Name, Tags, List, N)                                                              \
+  FIAR_CASE_TEST_IMPL(FIAR_CASE_TEST_CAT(fiar_case_test_, N), FIAR_CASE_TEST_CAT(fiar_case_registered_, N), Name, \
+                      Tags, List)

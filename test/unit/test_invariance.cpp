@@ -178,7 +178,34 @@ std::vector<std::vector<std::vector<std::uint8_t>>> probe(
         fiar::FusedArgs<T> a;
         a.in = in.data();
         a.num_tokens = run.tokens;
-        if constexpr (P == Pattern::AllReduce) {
+        // The MoE finalize: token t's 4 experts' rows (row_values of id x 8 + k) land at rows that move with the
+        // batch and the run; the probe row's experts, holes, weights and shared expert do not.
+        constexpr int kTopK = 4;
+        const int experts = run.tokens * kTopK;
+        std::vector<T> moe_in(static_cast<std::size_t>(experts) * hidden), shared(count);
+        std::vector<int> idx(static_cast<std::size_t>(experts));
+        std::vector<float> weight(static_cast<std::size_t>(experts));
+        if constexpr (fiar::pattern_traits(P).prologue == fiar::Prologue::MoeFinalize) {
+          for (int t = 0; t < run.tokens; ++t) {
+            const int id = t == run.pos ? 0 : 1 + static_cast<int>(i) * 1000 + t;
+            const auto sh = row_values<T>(hidden, rank + 50, id);
+            std::copy(sh.begin(), sh.end(), shared.begin() + static_cast<std::ptrdiff_t>(t) * hidden);
+            for (int k = 0; k < kTopK; ++k) {
+              const int e = t * kTopK + k, row = (e * 7 + static_cast<int>(i)) % experts;
+              const auto x = row_values<T>(hidden, rank, id * 8 + k);
+              std::copy(x.begin(), x.end(), moe_in.begin() + static_cast<std::ptrdiff_t>(row) * hidden);
+              idx[at(e)] = (k + id) % 3 == 0 ? -1 : row;
+              weight[at(e)] = 0.125f * static_cast<float>(1 + (k + id) % 5);
+            }
+          }
+          a.in = moe_in.data();
+          a.expanded_idx_to_permuted_idx = idx.data();
+          a.expert_scale = weight.data();
+          a.shared_expert_out = shared.data();
+          a.top_k = kTopK;
+          a.num_permuted_rows = experts;
+        }
+        if constexpr (!fiar::pattern_traits(P).norm) {
           o.out.resize(count);
           a.out = o.out.data();
         } else {
@@ -293,6 +320,8 @@ FIAR_CASE_TEST("a row's output bytes are the same alone and anywhere in a batch 
     check_invariance<Pattern::ResidualRmsNormFp8, C>();
     check_invariance<Pattern::ResidualRmsNormFp8Group, C>();
     check_invariance<Pattern::ResidualRmsNormMxfp8, C>();
+    check_invariance<Pattern::MoeFinalizeAllReduce, C>();
+    check_invariance<Pattern::MoeFinalizeResidualRmsNorm, C>();
     if constexpr (sizeof(typename C::value_type) == 2) check_invariance<Pattern::ResidualRmsNormNvfp4, C>();
   }
 }
