@@ -297,6 +297,13 @@ int group_size_of(int hidden) {
   return g;
 }
 
+// The exponent of the smallest power of two at or above y > 0 (frexp: y = m x 2^e, m in [0.5, 1); a power of two when
+// m = 0.5): the FP8 groups' scale and MXFP8's scale byte, restated.
+inline int pow2_exponent_at_or_above(float y) {
+  int e = 0;
+  return std::frexp(y, &e) == 0.5f ? e - 1 : e;
+}
+
 // Verifies one call of a fused pattern on one rank: residual_out bit-exact against the fp32 rank-order sum
 // plus the residual (RmsNorm: no residual, the sum is normalized; the pre/post norm: residual_out within the norm's
 // bound of the first norm of the sum plus the residual, the second norm from the kernel's residual_out); norm_out
@@ -359,6 +366,12 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
       res.max_error = std::max(res.max_error, err);
       amax = std::max(amax, std::fabs(f32(norm[i])));
     }
+    // The largest |norm_out| of elements first .. first + n - 1 of token t (a block's or a group's amax).
+    auto largest = [&](int first, int n) {
+      float m = 0.0f;
+      for (int j = 0; j < n; ++j) m = std::max(m, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + first + j])));
+      return m;
+    };
     if (pattern == fiar::Pattern::ResidualRmsNormFp8 || pattern == fiar::Pattern::ResidualRmsNormFp8Dynamic) {
       const bool dynamic = pattern == fiar::Pattern::ResidualRmsNormFp8Dynamic;
       const float token_scale = std::max(amax / 448.0f, 1.0f / (512.0f * 448.0f));
@@ -375,14 +388,10 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
       const int g = group_size_of<T>(H);
       const std::size_t rows = static_cast<std::size_t>((tokens + 3) / 4 * 4);
       for (int k = 0; k < H / g; ++k) {
-        float group_max = 0.0f;
-        for (int j = 0; j < g; ++j)
-          group_max = std::max(group_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * g + j])));
-        int e = 0;
-        const float y0 = std::max(group_max / 448.0f, 1e-10f);
-        const float y = std::frexp(y0, &e) == 0.5f ? y0 : std::ldexp(1.0f, e);
+        const int e = pow2_exponent_at_or_above(std::max(largest(k * g, g) / 448.0f, 1e-10f));
+        const float y = std::ldexp(1.0f, e);
         if (block_scales[4 * (static_cast<std::size_t>(k / 4) * rows + static_cast<std::size_t>(t)) +
-                         static_cast<std::size_t>(k % 4)] != std::ilogb(y) + 127)
+                         static_cast<std::size_t>(k % 4)] != e + 127)
           ++res.mismatches;
         for (int j = 0; j < g; ++j) {
           const std::size_t i = static_cast<std::size_t>(t) * H + k * g + j;
@@ -394,15 +403,8 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
       // Each 32-element block's scale: the exponent of the power of two at or above amax / 448, biased (0 for an
       // all-zero block, whose codes are zero); the codes n x 2^(127 - byte).
       for (int k = 0; k < H / 32; ++k) {
-        float block_max = 0.0f;
-        for (int j = 0; j < 32; ++j)
-          block_max = std::max(block_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * 32 + j])));
-        int sf = 0;
-        if (block_max != 0.0f) {
-          int e = 0;
-          const float m = std::frexp(block_max / 448.0f, &e);
-          sf = std::max(0, (m == 0.5f ? e - 1 : e) + 127);
-        }
+        const float block_max = largest(k * 32, 32);
+        const int sf = block_max == 0.0f ? 0 : std::max(0, pow2_exponent_at_or_above(block_max / 448.0f) + 127);
         if (block_scales[fiar::algo::mxfp8_scale_offset(t, k, H, fiar::ScaleLayout::Swizzled128x4)] != sf)
           ++res.mismatches;
         const float factor = block_max == 0.0f ? 0.0f : std::ldexp(1.0f, 127 - sf);
@@ -415,9 +417,7 @@ void verify_fused(fiar::Pattern pattern, int tokens, int hidden, int world, int 
       }
     } else if (pattern == fiar::Pattern::ResidualRmsNormNvfp4) {
       for (int k = 0; k < H / 16; ++k) {
-        float block_max = 0.0f;
-        for (int j = 0; j < 16; ++j)
-          block_max = std::max(block_max, std::fabs(f32(norm[static_cast<std::size_t>(t) * H + k * 16 + j])));
+        const float block_max = largest(k * 16, 16);
         // FlashInfer's order: g x (amax x 1/6).
         const auto sf = static_cast<std::uint8_t>(
             __nv_cvt_float_to_fp8(scale * (block_max * (1.0f / 6.0f)), __NV_SATFINITE, __NV_E4M3));

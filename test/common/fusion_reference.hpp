@@ -134,23 +134,25 @@ int group_size_for(const QuantOptions& q, int hidden) {
   return g;
 }
 
-// The per-token-group FP8 scale, restated from its definition: the smallest power of two at or above
-// max(amax / 448, 1e-10) (frexp: y0 = m x 2^e with m in [0.5, 1); a power of two when m = 0.5).
-inline float group_scale_of(float amax) {
-  const float y0 = std::max(amax / 448.0f, 1e-10f);
+// The exponent of the smallest power of two at or above y > 0 (frexp: y = m x 2^e with m in [0.5, 1); a power of two
+// when m = 0.5).
+inline int pow2_exponent_at_or_above(float y) {
   int e = 0;
-  const float m = std::frexp(y0, &e);
-  return m == 0.5f ? y0 : std::ldexp(1.0f, e);
+  return std::frexp(y, &e) == 0.5f ? e - 1 : e;
+}
+
+// The per-token-group FP8 scale, restated from its definition: the smallest power of two at or above
+// max(amax / 448, 1e-10).
+inline float group_scale_of(float amax) {
+  return std::ldexp(1.0f, pow2_exponent_at_or_above(std::max(amax / 448.0f, 1e-10f)));
 }
 
 // The MXFP8 block scale byte, restated: the exponent of the smallest power of two at or above amax / 448 (fp32),
 // biased by 127; 0 for an all-zero block.
 inline std::uint8_t mxfp8_scale_of(float amax) {
   if (amax == 0.0f) return 0;
-  const float y0 = amax / 448.0f;
-  int e = 0;
-  const float m = std::frexp(y0, &e);                                            // y0 = m x 2^e, m in [0.5, 1)
-  return static_cast<std::uint8_t>(std::max(0, (m == 0.5f ? e - 1 : e) + 127));  // below 2^-127: rounded up to it
+  // below 2^-127: rounded up to it
+  return static_cast<std::uint8_t>(std::max(0, pow2_exponent_at_or_above(amax / 448.0f) + 127));
 }
 
 // The group-scale tensor of a call, restated: the scale of (token t, group g) at Float32 element g x rows + t, or

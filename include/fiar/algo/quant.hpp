@@ -34,6 +34,9 @@ inline constexpr float kInvFp4Max = 1.0f / 6.0f;
 /// Elements per NVFP4 block (one e4m3 scale each), and per MXFP8 block (one e8m0 scale each).
 inline constexpr int kNvfp4Block = 16;
 inline constexpr int kMxfp8Block = 32;
+/// Most 16-byte vectors in one FP8 group (FusedArgs::group_size): a warp's lanes, since on the GPU a group's maximum
+/// is one warp's butterfly (ExecutionContext::group_max).
+inline constexpr int kMaxGroupVecs = 32;
 
 /// float -> e4m3, round to nearest even, saturating (NaN stays NaN).
 FIAR_HD inline std::uint8_t to_fp8_e4m3(float x) {

@@ -118,7 +118,7 @@ inline void validate_call_basics(int rank, Pattern pattern, Strategy strategy, c
 
 // What sizes a call's tensors beyond [num_tokens, hidden_dim]: block_scale_out's layout (NVFP4, MXFP8) or the FP8
 // groups and their format; the MoE finalize's experts per token and rows of `in`.
-struct ScaleShape {
+struct TensorShape {
   ScaleLayout layout = ScaleLayout::Swizzled128x4;
   int group_size = 0;
   GroupScale group_scale = GroupScale::Ue8m0Packed;
@@ -128,28 +128,28 @@ struct ScaleShape {
 
 // Bytes of tensor t of a call of a pattern (rows tokens, hidden elements of elem_bytes each per row).
 constexpr std::size_t tensor_bytes(FusedTensor t, const PatternTraits& traits, std::size_t elem_bytes, std::size_t rows,
-                                   std::size_t hidden, const ScaleShape& scales) {
+                                   std::size_t hidden, const TensorShape& shape) {
   switch (t) {
     case FusedTensor::Gamma:
     case FusedTensor::GammaPre: return hidden * elem_bytes;
     case FusedTensor::In:
       return traits.prologue == Prologue::MoeFinalize
-                 ? static_cast<std::size_t>(scales.permuted_rows > 0 ? scales.permuted_rows : 0) * hidden * elem_bytes
+                 ? static_cast<std::size_t>(shape.permuted_rows > 0 ? shape.permuted_rows : 0) * hidden * elem_bytes
                  : rows * hidden * elem_bytes;
     case FusedTensor::ExpandedIdx:
-    case FusedTensor::ExpertScale: return rows * static_cast<std::size_t>(scales.top_k > 0 ? scales.top_k : 0) * 4;
+    case FusedTensor::ExpertScale: return rows * static_cast<std::size_t>(shape.top_k > 0 ? shape.top_k : 0) * 4;
     case FusedTensor::QuantOut: return traits.quant == Quant::Nvfp4 ? rows * hidden / 2 : rows * hidden;
     case FusedTensor::Scale: return sizeof(float);
     case FusedTensor::ScaleOut: return rows * sizeof(float);
     case FusedTensor::BlockScaleOut:
       if (traits.quant == Quant::Fp8Group) {
-        return algo::fp8_group_scale_bytes(static_cast<int>(rows), static_cast<int>(hidden), scales.group_size,
-                                           scales.group_scale);
+        return algo::fp8_group_scale_bytes(static_cast<int>(rows), static_cast<int>(hidden), shape.group_size,
+                                           shape.group_scale);
       }
       return algo::block_scale_bytes(
           static_cast<int>(rows),
           static_cast<int>(traits.quant == Quant::Mxfp8 ? hidden / algo::kMxfp8Block : hidden / algo::kNvfp4Block),
-          is_valid(scales.layout) ? scales.layout : ScaleLayout::Linear);
+          is_valid(shape.layout) ? shape.layout : ScaleLayout::Linear);
     default: return rows * hidden * elem_bytes;
   }
 }
@@ -189,7 +189,7 @@ struct CallView {
   float eps;
   float weight_bias;
   float routed_scaling_factor;
-  ScaleShape scales;
+  TensorShape shape;
   const void* tensors[kFusedTensorCount];
 };
 
@@ -197,8 +197,8 @@ struct CallView {
 inline std::string group_sizes_text(std::size_t elem_bytes) {
   const int per_vec = static_cast<int>(16 / elem_bytes);
   std::string text;
-  for (int vecs = 1; vecs <= exec::kTokenSumChunk; vecs *= 2) {
-    text += (vecs == 1 ? "" : vecs == exec::kTokenSumChunk ? " or " : ", ") + std::to_string(vecs * per_vec);
+  for (int vecs = 1; vecs <= algo::kMaxGroupVecs; vecs *= 2) {
+    text += (vecs == 1 ? "" : vecs == algo::kMaxGroupVecs ? " or " : ", ") + std::to_string(vecs * per_vec);
   }
   return text;
 }
@@ -237,22 +237,22 @@ void validate_call_view(const CallView& c, const Pf& platform) {
                                 "epsilon and 0 (or 1 for (1 + gamma) norms).");
   }
   auto use = [&](FusedTensor t) { return traits.use[static_cast<int>(t)]; };
-  if ((traits.quant == Quant::Nvfp4 || traits.quant == Quant::Mxfp8) && !is_valid(c.scales.layout)) {
-    throw std::invalid_argument(where() + "ScaleLayout value " + std::to_string(static_cast<int>(c.scales.layout)) +
+  if ((traits.quant == Quant::Nvfp4 || traits.quant == Quant::Mxfp8) && !is_valid(c.shape.layout)) {
+    throw std::invalid_argument(where() + "ScaleLayout value " + std::to_string(static_cast<int>(c.shape.layout)) +
                                 " is not a layout; allowed: swizzled128x4, linear. Fix: pass "
                                 "fiar::ScaleLayout::Swizzled128x4 or Linear.");
   }
   if (traits.quant == Quant::Fp8Group) {
-    if (!is_valid(c.scales.group_scale)) {
+    if (!is_valid(c.shape.group_scale)) {
       throw std::invalid_argument(where() + "GroupScale value " +
-                                  std::to_string(static_cast<int>(c.scales.group_scale)) +
+                                  std::to_string(static_cast<int>(c.shape.group_scale)) +
                                   " is not a format; allowed: ue8m0_packed, float32. Fix: pass "
                                   "fiar::GroupScale::Ue8m0Packed or Float32.");
     }
     const int per_vec = static_cast<int>(16 / c.elem_bytes);
-    const int g = c.scales.group_size;
+    const int g = c.shape.group_size;
     const int vecs = g > 0 && g % per_vec == 0 ? g / per_vec : 0;
-    if (vecs < 1 || vecs > exec::kTokenSumChunk || (vecs & (vecs - 1)) != 0 || c.hidden_dim % g != 0) {
+    if (vecs < 1 || vecs > algo::kMaxGroupVecs || (vecs & (vecs - 1)) != 0 || c.hidden_dim % g != 0) {
       throw std::invalid_argument(where() + "group_size = " + std::to_string(g) + " for " + std::string(c.dtype) +
                                   " with hidden_dim = " + std::to_string(c.hidden_dim) +
                                   "; allowed: " + group_sizes_text(c.elem_bytes) +
@@ -261,14 +261,14 @@ void validate_call_view(const CallView& c, const Pf& platform) {
     }
   }
   if (traits.prologue == Prologue::MoeFinalize) {
-    if (c.scales.top_k < 1 || c.scales.top_k > kMaxTopK) {
-      throw std::invalid_argument(where() + "top_k = " + std::to_string(c.scales.top_k) + "; allowed: 1 to " +
+    if (c.shape.top_k < 1 || c.shape.top_k > kMaxTopK) {
+      throw std::invalid_argument(where() + "top_k = " + std::to_string(c.shape.top_k) + "; allowed: 1 to " +
                                   std::to_string(kMaxTopK) +
                                   ". Fix: pass the experts per token, the columns of expanded_idx_to_permuted_idx.");
     }
-    if (c.scales.permuted_rows < 1) {
+    if (c.shape.permuted_rows < 1) {
       throw std::invalid_argument(
-          where() + "num_permuted_rows = " + std::to_string(c.scales.permuted_rows) +
+          where() + "num_permuted_rows = " + std::to_string(c.shape.permuted_rows) +
           "; allowed: 1 or more (the rows of in, this rank's permuted expert output). Fix: pass "
           "the rows of in.");
     }
@@ -281,7 +281,7 @@ void validate_call_view(const CallView& c, const Pf& platform) {
   const auto rows = static_cast<std::size_t>(c.num_tokens);
   const auto hidden = static_cast<std::size_t>(c.hidden_dim);
   auto label = [](FusedTensor t) { return kFusedTensorNames[static_cast<int>(t)]; };
-  auto bytes = [&](FusedTensor t) { return tensor_bytes(t, traits, c.elem_bytes, rows, hidden, c.scales); };
+  auto bytes = [&](FusedTensor t) { return tensor_bytes(t, traits, c.elem_bytes, rows, hidden, c.shape); };
   for (int i = 0; i < kFusedTensorCount; ++i) {
     const auto t = static_cast<FusedTensor>(i);
     const void* ptr = c.tensors[i];
@@ -340,7 +340,7 @@ void validate_fused(const FusedArgs<T>& a, int hidden_dim, int arch, int rank, c
              a.eps,
              a.weight_bias,
              a.routed_scaling_factor,
-             ScaleShape{a.layout, a.group_size, a.group_scale, a.top_k, a.num_permuted_rows},
+             TensorShape{a.layout, a.group_size, a.group_scale, a.top_k, a.num_permuted_rows},
              {}};
   for (int i = 0; i < kFusedTensorCount; ++i) c.tensors[i] = tensor_address(a, static_cast<FusedTensor>(i));
   validate_call_view(c, platform);
