@@ -74,7 +74,7 @@ static_assert(pattern_traits(Pattern::MoeFinalizeResidualRmsNorm).prologue == Pr
 // MXFP8: 32-element blocks, the NVFP4 layouts with hidden_dim / 32 columns.
 static_assert(to_string(Pattern::ResidualRmsNormMxfp8) == std::string_view("residual_rmsnorm_mxfp8") &&
               pattern_traits(Pattern::ResidualRmsNormMxfp8).quant == Quant::Mxfp8 && algo::kMxfp8Block == 32 &&
-              algo::mxfp8_scale_bytes(1, 1024, ScaleLayout::Linear) == 32 &&
+              algo::kMaxGroupVecs == 32 && algo::mxfp8_scale_bytes(1, 1024, ScaleLayout::Linear) == 32 &&
               algo::mxfp8_scale_bytes(1, 1024, ScaleLayout::Swizzled128x4) == 128 * 32 &&
               algo::mxfp8_scale_offset(0, 1, 64, ScaleLayout::Linear) == 1 && algo::mxfp8_scale_cols(64) == 2 &&
               algo::block_scale_bytes(2, 5, ScaleLayout::Linear) == 10 &&
