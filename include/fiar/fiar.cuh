@@ -25,3 +25,4 @@
 #include "algo/lamport.hpp"
 #include "algo/multimem.hpp"
 #include "algo/quant.hpp"
+#include "algo/user_epilogue.hpp"

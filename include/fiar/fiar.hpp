@@ -37,6 +37,7 @@
 #include "algo/lamport.hpp"
 #include "algo/multimem.hpp"
 #include "algo/quant.hpp"
+#include "algo/user_epilogue.hpp"
 
 #include "platform/concept.hpp"
 #include "platform/cuda.hpp"

@@ -178,6 +178,45 @@ static_assert(requires(algo::HostCtx& ctx, const algo::LamportParams<float>& p,
 });
 static_assert(exec::ExecutionContext<algo::HostCtx>);
 
+// User epilogues: the concept, the token view, the tag a kernel takes in a Pattern's place, and the calls.
+struct ApiEpilogue {
+  static constexpr const char* name = "api_epilogue";
+  template <class T>
+  struct Params {
+    T* out;
+  };
+  template <class T, class Token>
+  FIAR_HD static void finish(const Params<T>& p, Token& token) {
+    token.for_each_vec([&](int v) { token.store(p.out, token.token(), v, token.sum(v)); });
+    (void)token.cluster_max(token.cluster_sum([](int) { return 1.0f; }));
+  }
+};
+static_assert(UserEpilogue<ApiEpilogue, float> && algo::UserEpilogue<ApiEpilogue, __half> &&
+              !UserEpilogue<ApiEpilogue, int>);
+static_assert(std::same_as<user_epilogue_t<user_epilogue<ApiEpilogue>>, ApiEpilogue> &&
+              std::same_as<decltype(user_epilogue<ApiEpilogue>), const UserEpilogueTag<ApiEpilogue>* const>);
+static_assert(is_pattern_v<Pattern::AllReduce> && !is_pattern_v<user_epilogue<ApiEpilogue>> &&
+              epilogue_min_arch<user_epilogue<ApiEpilogue>>() == 0 &&
+              epilogue_min_arch<Pattern::ResidualRmsNormNvfp4>() == 100 &&
+              epilogue_prologue<Pattern::MoeFinalizeAllReduce>() == Prologue::MoeFinalize &&
+              epilogue_code<Pattern::RmsNorm>() == 5 &&
+              (epilogue_code<user_epilogue<ApiEpilogue>>() & 0xC0000000u) == kUserEpilogueCode);
+static_assert(std::string_view(to_string(user_epilogue<ApiEpilogue>)) == "api_epilogue");
+static_assert(
+    std::same_as<algo::CallParams<Pattern::AllReduce, float>, algo::EpilogueParams<float>> &&
+    std::same_as<algo::CallParams<user_epilogue<ApiEpilogue>, float>, algo::UserCallParams<ApiEpilogue, float>> &&
+    std::derived_from<algo::UserCallParams<ApiEpilogue, float>, algo::EpilogueParams<float>>);
+static_assert(std::derived_from<algo::LamportParams<float>, algo::LamportLinks> && sizeof(algo::Elems<__half>) == 16 &&
+              EpilogueToken<float, algo::HostCtx, int>::kElems == 4);
+static_assert(requires(algo::HostCtx& ctx,
+                       const algo::LamportParams<float, algo::UserCallParams<ApiEpilogue, float>>& p,
+                       Workspace<TrtllmPolicy, float, HostPlatform>& w, AnyWorkspace<float, HostPlatform>& any,
+                       const float* in, ApiEpilogue::Params<float> up) {
+  algo::lamport_oneshot<user_epilogue<ApiEpilogue>, float>(ctx, p);
+  w.run<ApiEpilogue>(in, 1, up);
+  any.run<ApiEpilogue>(in, 1, up, nullptr, Strategy::TwoShot);
+});
+
 // Discovery, bootstraps, logging, errors, NCCL, version.
 static_assert(std::same_as<decltype(node_id_env_var), const char* const> && max_node_id_length == 127);
 static_assert(requires(InProcessBootstrap& b, const LocalDevice& d, const TopologyOverrides& o) {

@@ -34,7 +34,7 @@ def clean_env():
             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
 
 
-for name in ("01_threads", "03_decode_graph", "04_compile_time"):
+for name in ("01_threads", "03_decode_graph", "04_compile_time", "05_user_epilogue"):
     start = time.monotonic()
     p = subprocess.run([os.path.join(EXAMPLES, name)], capture_output=True, text=True, timeout=600, env=clean_env())
     check(p.returncode == 0 and re.search(rf"^{name}: PASS", p.stdout, re.M) is not None,

@@ -40,6 +40,12 @@ EpilogueParams<T> epilogue_params(const FusedArgs<T>& a, int hidden_dim = 0, Moe
   return EpilogueParams<T>{a, hidden_dim > 0 ? 1.0 / static_cast<double>(hidden_dim) : 0.0, index_error};
 }
 
+/// One 16-byte vector as its elements (kElemsPerVec<T> of T): what a user epilogue reads and writes (EpilogueToken).
+template <ReduceType T>
+struct Elems {
+  T e[kElemsPerVec<T>];
+};
+
 namespace detail {
 
 // Vector `vec` of row `token`: a 32-bit vector index (a call's tensors are far below 2^32 vectors), so the address is
@@ -57,10 +63,6 @@ FIAR_HD inline void store_row(T* base, int token, int vecs_per_token, int vec, c
   reinterpret_cast<Vec16*>(base)[row_vec(token, vecs_per_token, vec)] = v;
 }
 
-template <ReduceType T>
-struct Elems {
-  T e[kElemsPerVec<T>];
-};
 // By value: a Vec16 in registers. (From a reference into global memory, the memcpy compiled to 16 byte loads.)
 template <ReduceType T>
 FIAR_HD inline Elems<T> unpack(Vec16 v) {

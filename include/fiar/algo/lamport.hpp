@@ -19,6 +19,7 @@
 #include "convert.hpp"
 #include "epilogue.hpp"
 #include "moe.hpp"
+#include "user_epilogue.hpp"
 
 FIAR_BEGIN_NAMESPACE
 namespace algo {
@@ -79,9 +80,9 @@ inline constexpr std::uint32_t kDigestMultimem = 3;  ///< the in-switch reductio
 /// two-shot call of no tokens, so that a rank that runs the same call on the buffers meets it and both raise.
 inline constexpr std::uint32_t kDigestNccl = 4;
 
-/// Everything one rank's kernel needs for one call.
-template <ReduceType T>
-struct LamportParams {
+/// What one rank's Lamport kernels get whatever the call computes: the group's buffers, the rank's state and error
+/// record, the deadline, and the call's digest.
+struct LamportLinks {
   int vecs_per_token;  ///< hidden_dim * sizeof(T) / 16
   int world_size;
   int rank;
@@ -92,10 +93,18 @@ struct LamportParams {
   ErrorRecord* error;                 ///< this rank's error record
   std::uint64_t timeout_ns;           ///< per call, from the kernel's start
   bool verify;                        ///< exchange and compare call digests (WorkspaceConfig::verify_calls)
-  EpilogueParams<T> epi;              ///< the call: in, out, num_tokens and the fused outputs (FusedArgs)
   /// What the call's digest says after its number (the kernel's), set by the engine per call: the call's num_tokens,
-  /// pattern and kDigest* strategy. The NCCL route's digest exchange says the routed call's, with epi.num_tokens 0.
-  CallDigest digest;
+  /// epilogue code (epilogue_code) and kDigest* strategy. The NCCL route's digest exchange says the routed call's, with
+  /// epi.num_tokens 0. 16-byte aligned: its last three words load as one 32-bit and one 64-bit constant into the
+  /// registers of the 16-byte store that pushes it (unaligned, the kernels paid two moves).
+  alignas(16) CallDigest digest;
+};
+
+/// Everything one rank's kernel needs for one call: the links, and the call (Epi: EpilogueParams<T> for a pattern,
+/// UserCallParams for a user epilogue: CallParams).
+template <ReduceType T, class Epi = EpilogueParams<T>>
+struct LamportParams : LamportLinks {
+  Epi epi;  ///< the call: in, out, num_tokens and the fused outputs (FusedArgs), or a user epilogue's parameters
 };
 
 /// Words of a buffer's header: one call digest (one Vec16) per rank, at the start of every Lamport buffer.
@@ -316,8 +325,8 @@ struct CallFrame {
 
 // Clears what the previous call wrote into this rank's buffer (peers write it again two calls from now).
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
-FIAR_HD inline void clear_previous(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
+template <class Ctx>
+FIAR_HD inline void clear_previous(Ctx& ctx, const LamportLinks& p, const CallFrame& f) {
   clear(ctx, p.buffers[p.rank] + f.prev, ctx.load_relaxed(&p.state->dirty_words[f.prev_buffer]));
 }
 
@@ -341,8 +350,8 @@ FIAR_HD inline void finish_call(Ctx& ctx, LamportState* state, const CallFrame& 
 // Stores v at word `offset` of every rank's region: through the multicast mapping (one store), or one unicast store
 // per rank in rank order (the first kPollBatch unrolled, so each buffer pointer is a constant-bank operand).
 FIAR_EXEC_CHECK_DISABLE
-template <Transport X, ReduceType T, class Ctx>
-FIAR_HD inline void store_to_all(Ctx& ctx, const LamportParams<T>& p, std::uint32_t offset, const Vec16& v) {
+template <Transport X, class Ctx>
+FIAR_HD inline void store_to_all(Ctx& ctx, const LamportLinks& p, std::uint32_t offset, const Vec16& v) {
   if constexpr (X == Transport::Multicast) {
     ctx.multicast_store16(p.multicast, offset, v);
   } else {
@@ -360,9 +369,9 @@ FIAR_HD inline void store_to_all(Ctx& ctx, const LamportParams<T>& p, std::uint3
 
 // Vector `vec` of this rank's contribution to token `token`: its input row, or the MoE finalize of its expert rows.
 FIAR_EXEC_CHECK_DISABLE
-template <Pattern P, ReduceType T, class Ctx>
-FIAR_HD inline Vec16 load_input(Ctx& ctx, const LamportParams<T>& p, int token, int vec) {
-  if constexpr (pattern_traits(P).prologue == Prologue::MoeFinalize) {
+template <auto P, ReduceType T, class Epi, class Ctx>
+FIAR_HD inline Vec16 load_input(Ctx& ctx, const LamportParams<T, Epi>& p, int token, int vec) {
+  if constexpr (epilogue_prologue<P>() == Prologue::MoeFinalize) {
     return exec::sanitize<sizeof(T)>(moe_contribution<T>(ctx, p.epi, token, vec, p.vecs_per_token));
   } else {
     // 32-bit vector index (a call's input is far below 2^32 vectors), one wide multiply-add for the address.
@@ -373,8 +382,8 @@ FIAR_HD inline Vec16 load_input(Ctx& ctx, const LamportParams<T>& p, int token, 
 }
 
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
-FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportParams<T>& p) {
+template <class Ctx>
+FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportLinks& p) {
   const std::uint64_t deadline = ctx.now_ns() + p.timeout_ns;
   // Relaxed: written by this rank's previous kernel, which griddepcontrol.wait has seen complete.
   const Vec16 head = ctx.load16(&p.state->call);  // call, buffer, arrived, reserved
@@ -388,8 +397,8 @@ FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportParams<T>& p) {
 
 // Pushes this rank's digest into slot [rank] of every rank's header (one lane of the grid does it).
 FIAR_EXEC_CHECK_DISABLE
-template <Transport X, ReduceType T, class Ctx>
-FIAR_HD inline void push_digest(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
+template <Transport X, class Ctx>
+FIAR_HD inline void push_digest(Ctx& ctx, const LamportLinks& p, const CallFrame& f) {
   if (p.verify && ctx.block() == 0 && ctx.lane() == 0) {
     const std::uint32_t at = f.cur + static_cast<std::uint32_t>(p.rank) * exec::kWordsPerVec;
     if constexpr (X == Transport::Multicast) {
@@ -403,8 +412,8 @@ FIAR_HD inline void push_digest(Ctx& ctx, const LamportParams<T>& p, const CallF
 
 // The digest this lane checks first (lane g of the grid checks rank g, then g + grid lanes, ...), or none.
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
-FIAR_HD inline DigestCheck first_digest(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
+template <class Ctx>
+FIAR_HD inline DigestCheck first_digest(Ctx& ctx, const LamportLinks& p, const CallFrame& f) {
   const int g = ctx.block() * ctx.lanes() + ctx.lane();
   if (!p.verify || g >= p.world_size) return DigestCheck{nullptr, Vec16{0, 0, 0, 0}, 0, 0};
   return DigestCheck{p.buffers[p.rank] + f.cur + static_cast<std::uint32_t>(g) * exec::kWordsPerVec, Vec16{0, 0, 0, 0},
@@ -432,8 +441,8 @@ FIAR_NOINLINE FIAR_HD bool check_digest_range(Ctx& ctx, const std::uint32_t* hea
 // The digests this lane has left to check after its data: its pending one (no data batch carried it), and those of
 // ranks beyond the grid's lanes.
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
-FIAR_HD inline void finish_digests(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f, const PollSite& site,
+template <class Ctx>
+FIAR_HD inline void finish_digests(Ctx& ctx, const LamportLinks& p, const CallFrame& f, const PollSite& site,
                                    const DigestCheck& pending) {
   const int lanes = ctx.blocks() * ctx.lanes();
   if (p.verify && (pending.at != nullptr || p.world_size > lanes)) {
@@ -447,8 +456,8 @@ FIAR_HD inline void finish_digests(Ctx& ctx, const LamportParams<T>& p, const Ca
 // whose barriers must not start on a mismatch). Returns the site its waits use: failed (deadline 0) after a mismatch
 // or a digest that never came, so that no wait follows.
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
-FIAR_HD inline PollSite check_digests(Ctx& ctx, const LamportParams<T>& p, const CallFrame& f) {
+template <class Ctx>
+FIAR_HD inline PollSite check_digests(Ctx& ctx, const LamportLinks& p, const CallFrame& f) {
   PollSite site{f.deadline, p.error, f.call};
   if (p.verify && !check_digest_range(ctx, p.buffers[p.rank] + f.cur, p.world_size, f.digest, site, 0, 1)) {
     site.deadline = 0;
@@ -464,8 +473,8 @@ FIAR_HD inline PollSite check_digests(Ctx& ctx, const LamportParams<T>& p, const
 /// e + E, ... in its batches) and sums them in rank order in fp32. Buffer layout: header [source rank], then
 /// [source rank][token][vector]. A token is reduced by one cluster; each lane pushes exactly the vectors it polls.
 FIAR_EXEC_CHECK_DISABLE
-template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
-FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
+template <auto P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
+FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T, CallParams<P, T>>& p) {
   using namespace detail;
   const CallFrame f = begin_call(ctx, p);
   const auto vecs = static_cast<std::uint32_t>(p.vecs_per_token);
@@ -498,7 +507,7 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
   const auto elements = static_cast<std::uint32_t>(p.epi.num_tokens) * vecs;
   FIAR_NO_UNROLL
   for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
-    finish_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token, [&](int v) {
+    epilogue_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token, [&](int v) {
       const std::uint32_t e = static_cast<std::uint32_t>(t) * vecs + static_cast<std::uint32_t>(v);
       DigestCheck digest{nullptr, Vec16{0, 0, 0, 0}, static_cast<int>(e), static_cast<int>(elements)};
       if (p.verify && e < static_cast<std::uint32_t>(p.world_size)) digest.at = header + e * exec::kWordsPerVec;
@@ -508,7 +517,7 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
       return pack<T>(acc);  // no element is -0 (reduce_slots)
     });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
+  epilogue_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
   finish_call(ctx, p.state, f,
               static_cast<std::uint32_t>(header_words(p.world_size) +
@@ -524,8 +533,8 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T>& p) {
 /// bit-identical to one-shot. Buffer layout: header [source], scatter [source][chunk token][vector], then gather
 /// [token][vector].
 FIAR_EXEC_CHECK_DISABLE
-template <Pattern P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
-FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
+template <auto P, ReduceType T, Transport X = Transport::Unicast, class Ctx>
+FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T, CallParams<P, T>>& p) {
   using namespace detail;
   const CallFrame f = begin_call(ctx, p);
   const auto vecs = static_cast<std::uint32_t>(p.vecs_per_token);
@@ -606,24 +615,24 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T>& p) {
   FIAR_NO_UNROLL
   for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
     const int owner = t / chunk;
-    finish_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token,
-                       [&](int v) { return poll(ctx, p.buffers[p.rank] + gather_slot(t, v), site, owner, true); });
+    epilogue_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token,
+                         [&](int v) { return poll(ctx, p.buffers[p.rank] + gather_slot(t, v), site, owner, true); });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
+  epilogue_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
 
   finish_call(ctx, p.state, f,
               static_cast<std::uint32_t>(header_words(p.world_size) +
                                          twoshot_words(p.world_size, p.epi.num_tokens, p.vecs_per_token)));
 }
 
-/// The operations of the Lamport protocols: their parameters are LamportParams<T>, their grid a cluster of blocks
-/// per token (exec::spread_shape), and run() the protocol over transport X. Backends derive their named operations from
-/// these (TrtllmOneShot, MnnvlTwoShot, ...), so that profiles show which backend ran.
-template <Transport X, Pattern P, ReduceType T>
-struct LamportOneShot : exec::PerTokenOperation<LamportParams<T>, P, T> {
-  using Params = LamportParams<T>;
+/// The operations of the Lamport protocols: their parameters are LamportParams (with the call of P: CallParams), their
+/// grid a cluster of blocks per token (exec::spread_shape), and run() the protocol over transport X. Backends derive
+/// their named operations from these (TrtllmOneShot, MnnvlTwoShot, ...), so that profiles show which backend ran.
+template <Transport X, auto P, ReduceType T>
+struct LamportOneShot : exec::PerTokenOperation<LamportParams<T, CallParams<P, T>>, P, T> {
+  using Params = LamportParams<T, CallParams<P, T>>;
   static constexpr const char* name = "lamport one-shot";
-  static constexpr int min_arch = pattern_traits(P).min_arch;  ///< NVFP4: sm_100 and newer
+  static constexpr int min_arch = epilogue_min_arch<P>();  ///< NVFP4: sm_100 and newer
   FIAR_EXEC_CHECK_DISABLE
   template <class Ctx>
   FIAR_HD static void run(Ctx& ctx, const Params& p) {
@@ -631,7 +640,7 @@ struct LamportOneShot : exec::PerTokenOperation<LamportParams<T>, P, T> {
   }
 };
 
-template <Transport X, Pattern P, ReduceType T>
+template <Transport X, auto P, ReduceType T>
 struct LamportTwoShot : LamportOneShot<X, P, T> {
   static constexpr const char* name = "lamport two-shot";
   FIAR_EXEC_CHECK_DISABLE

@@ -92,7 +92,7 @@ FIAR_HD exec::Vec16 moe_contribution(Ctx& ctx, const EpilogueParams<T>& e, int t
     FIAR_UNROLL
     for (int i = 0; i < kE; ++i) acc[i] = add_rn(acc[i], to_float(s.e[i]));
   }
-  detail::Elems<T> c;
+  Elems<T> c;
   FIAR_UNROLL
   for (int i = 0; i < kE; ++i) c.e[i] = from_float<T>(acc[i]);
   return detail::repack<T>(c);

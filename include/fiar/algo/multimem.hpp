@@ -22,6 +22,7 @@
 #include "convert.hpp"
 #include "epilogue.hpp"
 #include "lamport.hpp"
+#include "user_epilogue.hpp"
 
 FIAR_BEGIN_NAMESPACE
 namespace algo {
@@ -37,9 +38,9 @@ FIAR_HD constexpr std::size_t multimem_words(int tokens, int vecs_per_token) {
 }
 
 /// What a multimem call needs on top of a Lamport call's parameters.
-template <ReduceType T>
+template <ReduceType T, class Epi = EpilogueParams<T>>
 struct MultimemParams {
-  LamportParams<T> base;       ///< buffers, multicast view, state, error record, epilogue
+  LamportParams<T, Epi> base;  ///< buffers, multicast view, state, error record, epilogue
   std::size_t counters;        ///< word offset of the barrier counters (one per token) in every rank's region and view
   std::uint32_t* generations;  ///< this rank's max_token_num words: each token counter's value after its last call
 };
@@ -63,10 +64,10 @@ FIAR_HD constexpr exec::ReduceKind reduce_kind() {
 // once per token whatever its launch shape, so ranks with different grids (SM counts, limits, cluster sizes) pair the
 // same arrivals. Returns the cluster's verdict (false after a timeout, recorded, or a call already failed here).
 FIAR_EXEC_CHECK_DISABLE
-template <ReduceType T, class Ctx>
-FIAR_HD inline bool multimem_barrier(Ctx& ctx, const MultimemParams<T>& m, const exec::TokenSplit& split,
+template <ReduceType T, class Epi, class Ctx>
+FIAR_HD inline bool multimem_barrier(Ctx& ctx, const MultimemParams<T, Epi>& m, const exec::TokenSplit& split,
                                      std::uint32_t phase, const PollSite& site, bool ok) {
-  const LamportParams<T>& p = m.base;
+  const LamportParams<T, Epi>& p = m.base;
   ctx.cluster_sync();
   if (ok && ctx.cluster_rank() == 0) {
     const int first = split.first_token + ctx.lane() * split.token_step;
@@ -114,10 +115,10 @@ FIAR_HD inline bool multimem_barrier(Ctx& ctx, const MultimemParams<T>& m, const
 /// The digests are exchanged and checked as in one-shot; a mismatch or a missing digest skips the waits, and the
 /// call fails on every rank (its outputs are not the sum). The buffer rotation and clearing are the Lamport kernels'.
 FIAR_EXEC_CHECK_DISABLE
-template <Pattern P, ReduceType T, class Ctx>
-FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
+template <auto P, ReduceType T, class Ctx>
+FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T, CallParams<P, T>>& m) {
   using namespace detail;
-  const LamportParams<T>& p = m.base;
+  const LamportParams<T, CallParams<P, T>>& p = m.base;
   const CallFrame f = begin_call(ctx, p);
   const std::size_t data = f.cur + header_words(p.world_size);
   auto at = [&](int token, int vec) {
@@ -157,10 +158,10 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
 
   // 5. The epilogue over the sums in this rank's memory (the waits above failed: whatever is there, flagged).
   for (int t = split.first_token; t < p.epi.num_tokens; t += split.token_step) {
-    finish_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token,
-                       [&](int v) { return exec::sanitize<sizeof(T)>(ctx.load16(p.buffers[p.rank] + at(t, v))); });
+    epilogue_token<P, T>(ctx, p.epi.out, p.epi, t, p.vecs_per_token,
+                         [&](int v) { return exec::sanitize<sizeof(T)>(ctx.load16(p.buffers[p.rank] + at(t, v))); });
   }
-  finish_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
+  epilogue_call_outputs<P, T>(ctx, p.epi, p.epi.num_tokens, p.vecs_per_token * kElemsPerVec<T>);
   if (ctx.cluster_rank() == 0) {
     // Each token's counter advances by 2 W per call that has the token (failed ones too: the workspace is unusable
     // then anyway); only the lane that waited on it reads or writes its generation.
@@ -176,11 +177,12 @@ FIAR_HD void multimem_allreduce(Ctx& ctx, const MultimemParams<T>& m) {
 }
 
 /// The operation of the in-switch reduction (mnnvl, Strategy::Multimem).
-template <Pattern P, ReduceType T>
-struct MultimemReduce : exec::PerTokenOperation<MultimemParams<T>, P, T> {
-  using Params = MultimemParams<T>;  // named here: nvcc's host stub spells the kernel's parameter type through it
+template <auto P, ReduceType T>
+struct MultimemReduce : exec::PerTokenOperation<MultimemParams<T, CallParams<P, T>>, P, T> {
+  using Params = MultimemParams<T, CallParams<P, T>>;  // named here: nvcc's host stub spells the kernel's parameter
+                                                       // type through it
   static constexpr const char* name = "multimem";
-  static constexpr int min_arch = pattern_traits(P).min_arch;  ///< NVFP4: sm_100 and newer
+  static constexpr int min_arch = epilogue_min_arch<P>();  ///< NVFP4: sm_100 and newer
   /// The Lamport kernels' launch (a cluster per token), from the call's shape in `base`.
   static constexpr exec::LaunchShape shape(const Params& m, const exec::LaunchLimits& limits) {
     return exec::spread_shape(m.base.epi.num_tokens, m.base.vecs_per_token, limits.max_blocks);

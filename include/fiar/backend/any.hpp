@@ -105,6 +105,13 @@ class AnyWorkspace {
   void run(const FusedArgs<T>& a, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
     std::visit([&](auto& ws) { ws.template run<P>(a, stream, strategy); }, ws_);
   }
+  /// The all-reduce fused with the user epilogue E (Workspace::run<E>).
+  template <class E>
+    requires UserEpilogue<E, T>
+  void run(const T* in, int num_tokens, const typename E::template Params<T>& params, cudaStream_t stream = nullptr,
+           Strategy strategy = Strategy::Auto) {
+    std::visit([&](auto& ws) { ws.template run<E>(in, num_tokens, params, stream, strategy); }, ws_);
+  }
   void check() const {
     std::visit([](const auto& ws) { ws.check(); }, ws_);
   }

@@ -46,8 +46,8 @@ constexpr std::size_t lamport_call_words(Strategy s, int world_size, int tokens,
                                 : algo::oneshot_words(world_size, tokens, vecs);
 }
 
-template <ReduceType T, Platform Pf, class Policy, template <Pattern, class> class OneShot,
-          template <Pattern, class> class TwoShot, template <Pattern, class> class InSwitch = OneShot>
+template <ReduceType T, Platform Pf, class Policy, template <auto, class> class OneShot,
+          template <auto, class> class TwoShot, template <auto, class> class InSwitch = OneShot>
 class LamportEngine {
  public:
   static constexpr bool kMulticast = Policy::needs_multicast;
@@ -83,21 +83,21 @@ class LamportEngine {
       // Peer mappings for the two-shot scatter, plus the group's multicast mapping of the same memory.
       auto region = platform.allocate_multicast(boot, region_words * sizeof(std::uint32_t));
       buffers = std::move(region.peers);
-      params_.multicast = region.view;
+      links_.multicast = region.view;
     } else {
       buffers = platform.allocate_shared(boot, region_words * sizeof(std::uint32_t));
     }
-    params_.vecs_per_token = algo::detail::vecs_per_token<T>(cfg.hidden_dim);
-    params_.world_size = topo.world_size;
-    params_.rank = topo.rank;
-    for (int r = 0; r < topo.world_size; ++r) params_.buffers[r] = buffers[static_cast<std::size_t>(r)];
-    params_.buffer_words = buffer_words;
-    params_.state = static_cast<algo::LamportState*>(platform.allocate_local(sizeof(algo::LamportState)));
+    links_.vecs_per_token = algo::detail::vecs_per_token<T>(cfg.hidden_dim);
+    links_.world_size = topo.world_size;
+    links_.rank = topo.rank;
+    for (int r = 0; r < topo.world_size; ++r) links_.buffers[r] = buffers[static_cast<std::size_t>(r)];
+    links_.buffer_words = buffer_words;
+    links_.state = static_cast<algo::LamportState*>(platform.allocate_local(sizeof(algo::LamportState)));
     error_ = Borrowed(static_cast<algo::ErrorRecord*>(platform.allocate_host_visible(sizeof(algo::ErrorRecord))));
-    params_.error = error_.get();
-    params_.timeout_ns =
+    links_.error = error_.get();
+    links_.timeout_ns =
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cfg.timeout).count());
-    params_.verify = cfg.verify_calls;
+    links_.verify = cfg.verify_calls;
     std::uint32_t* mine = buffers[static_cast<std::size_t>(topo.rank)];
     platform.fill_words(mine, lamport_words, exec::kSentinelWord);
     if constexpr (kMulticast) {
@@ -109,40 +109,41 @@ class LamportEngine {
     boot.barrier();  // no rank pushes into a buffer before its owner has filled it with sentinels
   }
 
-  /// Launches a validated call with strategy s (OneShot, TwoShot, or Multimem on mnnvl); a MoE finalize records a bad
-  /// index in `index_error`.
-  template <Pattern P>
-  void launch(Pf& platform, const FusedArgs<T>& a, int hidden_dim, Strategy s, algo::MoeIndexError* index_error,
-              cudaStream_t stream) {
-    algo::LamportParams<T> p = params_;
-    p.epi = algo::epilogue_params(a, hidden_dim, index_error);
-    p.digest = algo::CallDigest{0u, static_cast<std::uint32_t>(a.num_tokens), static_cast<std::uint32_t>(P),
+  /// Launches a validated call of epilogue E (a Pattern, or user_epilogue<U>) with strategy s (OneShot, TwoShot, or
+  /// Multimem on mnnvl); `epi` is the call as its kernels get it (a MoE finalize records a bad index where
+  /// epi.index_error points).
+  template <auto E>
+  void launch(Pf& platform, const algo::CallParams<E, T>& epi, Strategy s, cudaStream_t stream) {
+    algo::LamportParams<T, algo::CallParams<E, T>> p{};
+    static_cast<algo::LamportLinks&>(p) = links_;
+    p.epi = epi;
+    p.digest = algo::CallDigest{0u, static_cast<std::uint32_t>(epi.num_tokens), epilogue_code<E>(),
                                 s == Strategy::TwoShot    ? algo::kDigestTwoShot
                                 : s == Strategy::Multimem ? algo::kDigestMultimem
                                                           : algo::kDigestOneShot};
     if constexpr (kMulticast) {
       if (s == Strategy::Multimem) {
         const std::size_t counters = algo::kLamportBuffers * p.buffer_words;
-        return platform.template launch<InSwitch<P, T>>(algo::MultimemParams<T>{p, counters, generations_.get()},
-                                                        stream);
+        return platform.template launch<InSwitch<E, T>>(
+            algo::MultimemParams<T, algo::CallParams<E, T>>{p, counters, generations_.get()}, stream);
       }
     }
-    if (s == Strategy::TwoShot) return platform.template launch<TwoShot<P, T>>(p, stream);
-    platform.template launch<OneShot<P, T>>(p, stream);
+    if (s == Strategy::TwoShot) return platform.template launch<TwoShot<E, T>>(p, stream);
+    platform.template launch<OneShot<E, T>>(p, stream);
   }
 
   /// The Lamport side of a call the workspace hands to NCCL, with verify_calls: a two-shot call of no tokens whose
-  /// digest says the routed call's (num_tokens, pattern P, kDigestNccl). Every rank that routes the call meets the
+  /// digest says the routed call's (num_tokens, epilogue E, kDigestNccl). Every rank that routes the call meets the
   /// others' digests here first, so a rank that runs it on the Lamport buffers instead (another strategy) finds a
   /// digest that differs and every rank raises fiar::mismatch_error, where the routed ranks would otherwise wait in a
   /// collective the other never joins. The buffer rotation and call numbers advance as for any call.
-  template <Pattern P>
+  template <auto E>
   void announce(Pf& platform, int num_tokens, cudaStream_t stream) {
-    if (!params_.verify) return;
-    algo::LamportParams<T> p = params_;
+    if (!links_.verify) return;
+    algo::LamportParams<T> p{};
+    static_cast<algo::LamportLinks&>(p) = links_;
     p.epi.num_tokens = 0;
-    p.digest =
-        algo::CallDigest{0u, static_cast<std::uint32_t>(num_tokens), static_cast<std::uint32_t>(P), algo::kDigestNccl};
+    p.digest = algo::CallDigest{0u, static_cast<std::uint32_t>(num_tokens), epilogue_code<E>(), algo::kDigestNccl};
     platform.template launch<TwoShot<Pattern::AllReduce, T>>(p, stream);
   }
 
@@ -160,7 +161,7 @@ class LamportEngine {
   /// is. Every rank sets the same value between two calls.
   void set_call_counter(Pf& platform, std::uint32_t call) {
     platform.synchronize();
-    platform.fill_words(&params_.state->call, 1, call);
+    platform.fill_words(&links_.state->call, 1, call);
     platform.synchronize();
   }
 
@@ -172,7 +173,7 @@ class LamportEngine {
 
   // The error the kernels recorded, as an exception (out of line: check() is on every call's path).
   [[noreturn]] void raise(std::uint32_t code) const {
-    const int rank = params_.rank;
+    const int rank = links_.rank;
     if ((code & algo::kErrorMismatch) != 0) {
       auto digest = [](const std::uint32_t* w) {
         return algo::CallDigest{Pf::read_word(w), Pf::read_word(w + 1), Pf::read_word(w + 2), Pf::read_word(w + 3)};
@@ -200,7 +201,7 @@ class LamportEngine {
     throw timeout_error(call_timeout_text(to_string(Policy::backend), rank, timeout_, waited, call));
   }
 
-  algo::LamportParams<T> params_{};  ///< everything a call's kernel gets but the call itself, set at creation
+  algo::LamportLinks links_{};  ///< everything a call's kernel gets but the call itself, set at creation
   std::chrono::milliseconds timeout_;
   Borrowed<algo::ErrorRecord> error_;    ///< null once moved from
   Borrowed<std::uint32_t> generations_;  ///< mnnvl: each multimem barrier counter's value after its last call

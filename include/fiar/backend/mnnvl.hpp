@@ -13,21 +13,24 @@
 #include "../core/prelude.hpp"
 
 /// The operations this backend launches (<fiar/instantiate.cuh> emits one kernel per operation x pattern x dtype).
-#define FIAR_MNNVL_OPERATIONS(X) X(MnnvlOneShot) X(MnnvlTwoShot) X(MnnvlMultimem)
+#define FIAR_MNNVL_OPERATIONS(X) FIAR_DETAIL_MNNVL_OPERATIONS_WITH(FIAR_DETAIL_APPLY, X)
+// X(args..., Op) for each of them.
+#define FIAR_DETAIL_MNNVL_OPERATIONS_WITH(X, ...) \
+  X(__VA_ARGS__, MnnvlOneShot) X(__VA_ARGS__, MnnvlTwoShot) X(__VA_ARGS__, MnnvlMultimem)
 
 FIAR_BEGIN_NAMESPACE
 
 /// The mnnvl kernels: the Lamport protocols with the multicast transport, named for profiles and messages.
-template <Pattern P, class T>
+template <auto P, class T>
 struct MnnvlOneShot : algo::LamportOneShot<algo::Transport::Multicast, P, T> {
   static constexpr const char* name = "mnnvl one-shot";
 };
-template <Pattern P, class T>
+template <auto P, class T>
 struct MnnvlTwoShot : algo::LamportTwoShot<algo::Transport::Multicast, P, T> {
   static constexpr const char* name = "mnnvl two-shot";
 };
 /// Strategy::Multimem: the NVSwitch reduces (algo/multimem.hpp).
-template <Pattern P, class T>
+template <auto P, class T>
 struct MnnvlMultimem : algo::MultimemReduce<P, T> {
   static constexpr const char* name = "mnnvl multimem";
 };

@@ -19,6 +19,7 @@
 #include "../algo/convert.hpp"
 #include "../algo/epilogue.hpp"
 #include "../algo/epilogue_pass.hpp"
+#include "../algo/user_epilogue.hpp"
 #include "../comm/bootstrap.hpp"
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
@@ -31,12 +32,14 @@
 #include "../platform/nccl_collective.hpp"
 
 /// The operations this backend launches (<fiar/instantiate.cuh> emits one kernel per operation x pattern x dtype).
-#define FIAR_NCCL_OPERATIONS(X) X(NcclEpilogue)
+#define FIAR_NCCL_OPERATIONS(X) FIAR_DETAIL_NCCL_OPERATIONS_WITH(FIAR_DETAIL_APPLY, X)
+// X(args..., Op) for each of them.
+#define FIAR_DETAIL_NCCL_OPERATIONS_WITH(X, ...) X(__VA_ARGS__, NcclEpilogue)
 
 FIAR_BEGIN_NAMESPACE
 
 /// The NCCL engine's kernel: the fused epilogue over the sum the collective wrote.
-template <Pattern P, class T>
+template <auto P, class T>
 struct NcclEpilogue : algo::EpiloguePass<P, T> {
   static constexpr const char* name = "nccl epilogue";
 };
@@ -72,27 +75,33 @@ class NcclEngine {
   /// Before a call's checks: the collective's recorded failures (CUDA: and whether the stream is being captured).
   void begin_call(cudaStream_t stream) { coll_.begin_call(stream); }
 
-  /// Launches a validated call: the sum into `out` (a plain sum: AllReduce, MoeFinalizeAllReduce) or the
-  /// collective's buffer, then the epilogue. A MoE finalize first writes this rank's contributions where the
-  /// collective reads its input (the epilogue's kernel in its finalize mode), recording a bad index in `index_error`.
-  template <Pattern P>
-  void launch(Pf& platform, const FusedArgs<T>& a, int hidden_dim, algo::MoeIndexError* index_error,
-              cudaStream_t stream) {
-    constexpr bool kPlainSum = !pattern_traits(P).norm;
-    const std::size_t count = static_cast<std::size_t>(a.num_tokens) * static_cast<std::size_t>(hidden_dim);
-    const algo::EpilogueParams<T> epi = algo::epilogue_params(a, hidden_dim, index_error);
-    T* const out = kPlainSum ? a.out : nullptr;
-    const T* in = a.in;
-    if constexpr (pattern_traits(P).prologue == Prologue::MoeFinalize) {
+  /// Launches a validated call of epilogue E (a Pattern, or user_epilogue<U>; `epi` the call as its kernels get it):
+  /// the sum into `out` (a plain sum: AllReduce, MoeFinalizeAllReduce) or the collective's buffer, then the epilogue.
+  /// A MoE finalize first writes this rank's contributions where the collective reads its input (the epilogue's
+  /// kernel in its finalize mode), recording a bad index where epi.index_error points.
+  template <auto E>
+  void launch(Pf& platform, const algo::CallParams<E, T>& epi, int hidden_dim, cudaStream_t stream) {
+    constexpr bool kPlainSum = [] {
+      if constexpr (is_pattern_v<E>) {
+        return !pattern_traits(E).norm;
+      } else {
+        return false;
+      }
+    }();
+    using PassParams = algo::EpiloguePassParams<T, algo::CallParams<E, T>>;
+    const std::size_t count = static_cast<std::size_t>(epi.num_tokens) * static_cast<std::size_t>(hidden_dim);
+    T* const out = kPlainSum ? epi.out : nullptr;
+    const T* in = epi.in;
+    if constexpr (epilogue_prologue<E>() == Prologue::MoeFinalize) {
       T* const staged = coll_.staging(out, count);
-      platform.template launch<NcclEpilogue<P, T>>(
-          algo::EpiloguePassParams<T>{nullptr, nullptr, a.num_tokens, vecs_per_token_, epi, staged}, stream);
+      platform.template launch<NcclEpilogue<E, T>>(
+          PassParams{nullptr, nullptr, epi.num_tokens, vecs_per_token_, epi, staged}, stream);
       in = staged;
     }
-    const T* sum = coll_.allreduce(in, out, a.num_tokens, count, P, stream);
+    const T* sum = coll_.allreduce(in, out, epi.num_tokens, count, epilogue_code<E>(), to_string(E), stream);
     if constexpr (!kPlainSum) {
-      platform.template launch<NcclEpilogue<P, T>>(
-          algo::EpiloguePassParams<T>{sum, nullptr, a.num_tokens, vecs_per_token_, epi}, stream);
+      platform.template launch<NcclEpilogue<E, T>>(PassParams{sum, nullptr, epi.num_tokens, vecs_per_token_, epi},
+                                                   stream);
     }
     coll_.end_call(stream);
   }

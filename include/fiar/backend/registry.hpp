@@ -18,6 +18,10 @@
 
 /// Calls X(Op) for every operation template of every backend.
 #define FIAR_ALL_OPERATIONS(X) FIAR_TRTLLM_OPERATIONS(X) FIAR_MNNVL_OPERATIONS(X) FIAR_NCCL_OPERATIONS(X)
+// X(args..., Op) for every operation template of every backend.
+#define FIAR_DETAIL_ALL_OPERATIONS_WITH(X, ...)      \
+  FIAR_DETAIL_TRTLLM_OPERATIONS_WITH(X, __VA_ARGS__) \
+  FIAR_DETAIL_MNNVL_OPERATIONS_WITH(X, __VA_ARGS__) FIAR_DETAIL_NCCL_OPERATIONS_WITH(X, __VA_ARGS__)
 
 // `Prefix template void CudaPlatform::launch<Op<P, T>>(...);` for one operation, pattern and element type, and the
 // products over every pattern and over a list of element types (FIAR_FOR_EACH_DTYPE or a subset of it).

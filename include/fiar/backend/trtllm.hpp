@@ -10,16 +10,18 @@
 #include "../core/prelude.hpp"
 
 /// The operations this backend launches (<fiar/instantiate.cuh> emits one kernel per operation x pattern x dtype).
-#define FIAR_TRTLLM_OPERATIONS(X) X(TrtllmOneShot) X(TrtllmTwoShot)
+#define FIAR_TRTLLM_OPERATIONS(X) FIAR_DETAIL_TRTLLM_OPERATIONS_WITH(FIAR_DETAIL_APPLY, X)
+// X(args..., Op) for each of them.
+#define FIAR_DETAIL_TRTLLM_OPERATIONS_WITH(X, ...) X(__VA_ARGS__, TrtllmOneShot) X(__VA_ARGS__, TrtllmTwoShot)
 
 FIAR_BEGIN_NAMESPACE
 
 /// The trtllm kernels: the Lamport protocols with one unicast store per rank, named for profiles and messages.
-template <Pattern P, class T>
+template <auto P, class T>
 struct TrtllmOneShot : algo::LamportOneShot<algo::Transport::Unicast, P, T> {
   static constexpr const char* name = "trtllm one-shot";
 };
-template <Pattern P, class T>
+template <auto P, class T>
 struct TrtllmTwoShot : algo::LamportTwoShot<algo::Transport::Unicast, P, T> {
   static constexpr const char* name = "trtllm two-shot";
 };

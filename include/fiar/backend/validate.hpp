@@ -93,19 +93,20 @@ std::string local_creation_error(const Topology& topo, B& boot, ConfigError&& co
   return config_error();
 }
 
-// "fiar: <pattern> on rank <rank>: ", the start of every message about a call.
-inline std::string call_where(Pattern pattern, int rank) {
-  return "fiar: " + std::string(to_string(pattern)) + " on rank " + std::to_string(rank) + ": ";
+// "fiar: <epilogue> on rank <rank>: ", the start of every message about a call (the pattern's name, or a user
+// epilogue's).
+inline std::string call_where(const char* epilogue, int rank) {
+  return "fiar: " + std::string(epilogue) + " on rank " + std::to_string(rank) + ": ";
 }
 
-// The call-level checks before the backend's own (strategy) and the pattern's (validate_fused): the strategy is an
-// enumerator, `in` is set, `out` too for a plain all-reduce, and 1 <= num_tokens <= max_token_num.
-// The message's opening is written only when a check fails: no string on the success path.
-inline void validate_call_basics(int rank, Pattern pattern, Strategy strategy, const void* in, const void* out,
-                                 int num_tokens, int max_token_num) {
-  auto where = [&] { return call_where(pattern, rank); };
+// The call-level checks before the backend's own (strategy) and the epilogue's (validate_fused, validate_user): the
+// strategy is an enumerator, `in` is set, `out` too for a plain all-reduce (needs_out), and 1 <= num_tokens <=
+// max_token_num. The message's opening is written only when a check fails: no string on the success path.
+inline void validate_call_basics(int rank, const char* epilogue, bool needs_out, Strategy strategy, const void* in,
+                                 const void* out, int num_tokens, int max_token_num) {
+  auto where = [&] { return call_where(epilogue, rank); };
   if (!is_valid(strategy)) throw std::invalid_argument(where() + strategy_value_text(strategy));
-  if (in == nullptr || (pattern == Pattern::AllReduce && out == nullptr)) {
+  if (in == nullptr || (needs_out && out == nullptr)) {
     throw std::invalid_argument(where() + (in == nullptr ? "in" : "out") +
                                 " is a null pointer. Fix: pass [num_tokens, hidden_dim] buffers.");
   }
@@ -210,7 +211,7 @@ template <class Pf>
 void validate_call_view(const CallView& c, const Pf& platform) {
   const PatternTraits& traits = *c.traits;
   // The message's opening is written only when a check fails: no string on the success path.
-  auto where = [&] { return call_where(traits.pattern, c.rank); };
+  auto where = [&] { return call_where(traits.name, c.rank); };
   const char* const name = traits.name;
   if (traits.needs_16bit && c.elem_bytes != 2) {
     throw std::invalid_argument(where() + "the input is " + std::string(c.dtype) + "; " + traits.feature +
@@ -344,6 +345,23 @@ void validate_fused(const FusedArgs<T>& a, int hidden_dim, int arch, int rank, c
              {}};
   for (int i = 0; i < kFusedTensorCount; ++i) c.tensors[i] = tensor_address(a, static_cast<FusedTensor>(i));
   validate_call_view(c, platform);
+}
+
+// A user epilogue's call: `in` as every call's (aligned, on this rank's device: the row of a pattern that reads `in`
+// alone), then the epilogue's own why_not(params, num_tokens, hidden_dim) when it has one.
+template <class E, ReduceType T, class Pf>
+void validate_user(const T* in, int num_tokens, const typename E::template Params<T>& params, int hidden_dim, int arch,
+                   int rank, const Pf& platform) {
+  constexpr PatternTraits kTraits{Pattern::AllReduce,    E::name, false, Quant::None, 0, false, 1,
+                                  {TensorUse::Required}, "",      ""};
+  CallView c{&kTraits, sizeof(T), dtype_name<T>(), num_tokens, hidden_dim, arch, rank, 0.0f,
+             0.0f,     1.0f,      TensorShape{},   {}};
+  c.tensors[static_cast<int>(FusedTensor::In)] = in;
+  validate_call_view(c, platform);
+  if constexpr (requires { E::why_not(params, num_tokens, hidden_dim); }) {
+    const std::string why = E::why_not(params, num_tokens, hidden_dim);
+    if (!why.empty()) throw std::invalid_argument(call_where(E::name, rank) + why);
+  }
 }
 
 /// The configuration as ranks compare it: at creation (with the strategy thresholds the backend resolved, those it

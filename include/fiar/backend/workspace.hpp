@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "../algo/moe.hpp"
+#include "../algo/user_epilogue.hpp"
 #include "../comm/agree.hpp"
 #include "../comm/bootstrap.hpp"
 #include "../core/backend.hpp"
@@ -140,17 +141,19 @@ class WorkspaceCore {
     return static_cast<int>(std::min<std::size_t>(std::max<std::size_t>(below, 1), cfg_.max_token_num));
   }
 
-  /// Every check of a call of pattern Q before anything runs (nothing changes when one fails; text is built only
-  /// then), and the strategy it runs: Auto resolved by the table (Auto on the nccl backend).
-  template <Pattern Q>
-  Strategy checked_strategy(const FusedArgs<T>& a, Strategy strategy) const {
-    validate_call_basics(topo_.rank, Q, strategy, a.in, a.out, a.num_tokens, cfg_.max_token_num);
-    if (!strategy_fits(a.num_tokens, strategy)) {
-      throw std::invalid_argument(call_where(Q, topo_.rank) + strategy_error(a.num_tokens, strategy));
+  /// Every check of a call of the epilogue named `epilogue` before anything runs (nothing changes when one fails; text
+  /// is built only then): the call's basics, the strategy, then the epilogue's own rules (`validate`); returns the
+  /// strategy it runs: Auto resolved by the table (Auto on the nccl backend).
+  template <class Validate>
+  Strategy checked_strategy(const char* epilogue, bool needs_out, const T* in, const T* out, int num_tokens,
+                            Strategy strategy, Validate&& validate) const {
+    validate_call_basics(topo_.rank, epilogue, needs_out, strategy, in, out, num_tokens, cfg_.max_token_num);
+    if (!strategy_fits(num_tokens, strategy)) {
+      throw std::invalid_argument(call_where(epilogue, topo_.rank) + strategy_error(num_tokens, strategy));
     }
-    validate_fused<Q, T>(a, cfg_.hidden_dim, arch(), topo_.rank, platform_);
+    validate();
     if (!lamport_) return Strategy::Auto;
-    return strategy == Strategy::Auto ? strategy_for(a.num_tokens) : strategy;
+    return strategy == Strategy::Auto ? strategy_for(num_tokens) : strategy;
   }
 
   Pf platform_;
@@ -336,28 +339,30 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   template <Pattern Q>
   void run(const FusedArgs<T>& a, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
     static_assert(is_valid(Q), "fiar: run<Q>: Q is not a Pattern enumerator");
+    submit<Q>(algo::epilogue_params(a, this->cfg_.hidden_dim, index_error_.get()), stream, strategy,
+              Q == Pattern::AllReduce, [&] {
+                detail::validate_fused<Q, T>(a, this->cfg_.hidden_dim, this->arch(), this->topo_.rank, this->platform_);
+              });
+  }
+
+  /// The all-reduce of `in` ([num_tokens, hidden_dim]) fused with the user epilogue E (algo/user_epilogue.hpp): E's
+  /// finish() gets each reduced token, with `params` (the user's tensors). Collective like allreduce(); `in` and (when
+  /// E has one) E::why_not are checked before anything is launched. On CudaPlatform the module's nvcc translation unit
+  /// emits E's kernels: FIAR_INSTANTIATE_EPILOGUE(E, T) (<fiar/instantiate.cuh>).
+  template <class E>
+    requires UserEpilogue<E, T>
+  void run(const T* in, int num_tokens, const typename E::template Params<T>& params, cudaStream_t stream = nullptr,
+           Strategy strategy = Strategy::Auto) {
     const int hidden = this->cfg_.hidden_dim;
-    if constexpr (kLamport) {
-      check_lamport();
-      if (nccl_) nccl_->check_recorded();  // a workspace whose route failed launches nothing any more
-      const Strategy s = this->template checked_strategy<Q>(a, strategy);
-      if (s == Strategy::Nccl) {
-        nccl_->begin_call(stream);
-        // The digest first, through the Lamport buffers (with verify_calls): a rank that runs this call there meets
-        // it, and every rank raises mismatch_error instead of waiting for a collective the other never joins.
-        lamport_->template announce<Q>(this->platform_, a.num_tokens, stream);
-        if constexpr (Pf::synchronous) check_lamport();
-        nccl_->template launch<Q>(this->platform_, a, hidden, index_error_.get(), stream);
-      } else {
-        lamport_->template launch<Q>(this->platform_, a, hidden, s, index_error_.get(), stream);
-        if constexpr (Pf::synchronous) check_lamport();
-      }
-      this->last_strategy_ = s;
-    } else {
-      nccl_->begin_call(stream);
-      this->template checked_strategy<Q>(a, strategy);
-      nccl_->template launch<Q>(this->platform_, a, hidden, index_error_.get(), stream);
-    }
+    FusedArgs<T> a;
+    a.in = in;
+    a.num_tokens = num_tokens;
+    algo::UserCallParams<E, T> epi{};
+    static_cast<algo::EpilogueParams<T>&>(epi) = algo::epilogue_params(a, hidden);
+    epi.user = params;
+    submit<user_epilogue<E>>(epi, stream, strategy, false, [&] {
+      detail::validate_user<E, T>(in, num_tokens, params, hidden, this->arch(), this->topo_.rank, this->platform_);
+    });
   }
 
   /// Throws fiar::mismatch_error if a call of this workspace saw a peer's call digest differ from its own, and
@@ -415,6 +420,36 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   }
 
  private:
+  // Checks, routes and launches a call of epilogue E (a Pattern, or user_epilogue<U>): `epi` as its kernels get it,
+  // `validate` the epilogue's own rules.
+  template <auto E, class Validate>
+  void submit(const algo::CallParams<E, T>& epi, cudaStream_t stream, Strategy strategy, bool needs_out,
+              Validate&& validate) {
+    const int hidden = this->cfg_.hidden_dim;
+    if constexpr (kLamport) {
+      check_lamport();
+      if (nccl_) nccl_->check_recorded();  // a workspace whose route failed launches nothing any more
+      const Strategy s =
+          this->checked_strategy(to_string(E), needs_out, epi.in, epi.out, epi.num_tokens, strategy, validate);
+      if (s == Strategy::Nccl) {
+        nccl_->begin_call(stream);
+        // The digest first, through the Lamport buffers (with verify_calls): a rank that runs this call there meets
+        // it, and every rank raises mismatch_error instead of waiting for a collective the other never joins.
+        lamport_->template announce<E>(this->platform_, epi.num_tokens, stream);
+        if constexpr (Pf::synchronous) check_lamport();
+        nccl_->template launch<E>(this->platform_, epi, hidden, stream);
+      } else {
+        lamport_->template launch<E>(this->platform_, epi, s, stream);
+        if constexpr (Pf::synchronous) check_lamport();
+      }
+      this->last_strategy_ = s;
+    } else {
+      nccl_->begin_call(stream);
+      this->checked_strategy(to_string(E), needs_out, epi.in, epi.out, epi.num_tokens, strategy, validate);
+      nccl_->template launch<E>(this->platform_, epi, hidden, stream);
+    }
+  }
+
   // Throws (once) the bad MoE index a call recorded, if any.
   void check_index_error() const {
     algo::MoeIndexError* e = index_error_.get();

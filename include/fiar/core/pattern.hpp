@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "prelude.hpp"
 
@@ -206,6 +207,72 @@ constexpr bool is_valid(GroupScale g) noexcept { return g == GroupScale::Ue8m0Pa
 /// "ue8m0_packed" or "float32" ("invalid" outside the enumeration).
 constexpr const char* to_string(GroupScale g) {
   return g == GroupScale::Ue8m0Packed ? "ue8m0_packed" : g == GroupScale::Float32 ? "float32" : "invalid";
+}
+
+/// A user epilogue type E where a kernel takes its epilogue as a template argument (the place of a Pattern), as the
+/// address of a tag object: TrtllmOneShot<user_epilogue<E>, T>. (A pointer, not a class-type value: nvcc's host stubs
+/// spell kernels with class-type template arguments wrong.) E is described by the UserEpilogue concept
+/// (algo/user_epilogue.hpp).
+template <class E>
+struct UserEpilogueTag {
+  using type = E;
+};
+namespace detail {
+template <class E>
+inline constexpr UserEpilogueTag<E> user_epilogue_tag{};
+}  // namespace detail
+template <class E>
+inline constexpr const UserEpilogueTag<E>* user_epilogue = &detail::user_epilogue_tag<E>;
+
+/// E::name, the user epilogue's name in messages and launch errors.
+template <class E>
+constexpr const char* to_string(const UserEpilogueTag<E>*) {
+  return E::name;
+}
+
+/// Whether a kernel's epilogue argument is a Pattern (false: a user epilogue, user_epilogue<E>).
+template <auto E>
+inline constexpr bool is_pattern_v = std::is_same_v<std::remove_cvref_t<decltype(E)>, Pattern>;
+
+/// The user epilogue type of a kernel's epilogue argument user_epilogue<U>: U.
+template <auto E>
+using user_epilogue_t = typename std::remove_cvref_t<std::remove_pointer_t<decltype(E)>>::type;
+
+/// What a kernel's epilogue argument needs and does: a pattern's row, or a user epilogue's (any architecture, no
+/// prologue).
+template <auto E>
+constexpr int epilogue_min_arch() {
+  if constexpr (is_pattern_v<E>) {
+    return pattern_traits(E).min_arch;
+  } else {
+    return 0;
+  }
+}
+template <auto E>
+constexpr Prologue epilogue_prologue() {
+  if constexpr (is_pattern_v<E>) {
+    return pattern_traits(E).prologue;
+  } else {
+    return Prologue::None;
+  }
+}
+
+/// Codes of user epilogues in a call digest (CallDigest::pattern): kUserEpilogueCode | 30 bits of the FNV-1a hash of
+/// E::name, never a Pattern value and never the Lamport sentinel word.
+inline constexpr std::uint32_t kUserEpilogueCode = 0x40000000u;
+
+/// The call digest's code of a kernel's epilogue argument: the Pattern's value, or a user epilogue's name hashed.
+template <auto E>
+constexpr std::uint32_t epilogue_code() {
+  if constexpr (is_pattern_v<E>) {
+    return static_cast<std::uint32_t>(E);
+  } else {
+    std::uint32_t h = 2166136261u;  // FNV-1a, 32 bits
+    for (const char* c = user_epilogue_t<E>::name; *c != '\0'; ++c) {
+      h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+    }
+    return kUserEpilogueCode | (h >> 2);
+  }
 }
 
 FIAR_END_NAMESPACE

@@ -27,6 +27,9 @@
   }                        \
   }
 
+// X(args...): applies a one-argument list macro's X where a list passes X(args..., item).
+#define FIAR_DETAIL_APPLY(X, ...) X(__VA_ARGS__)
+
 #if defined(__CUDA_ARCH__)
 #define FIAR_UNROLL _Pragma("unroll")
 #define FIAR_NO_UNROLL _Pragma("unroll 1")

@@ -47,6 +47,13 @@ inline std::string pointer_text(const void* p) {
   return buf;
 }
 
+/// A 32-bit word as text, "0x" and 8 hex digits.
+inline std::string hex_text(std::uint32_t w) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", static_cast<unsigned>(w));
+  return buf;
+}
+
 /// FNV-1a, 64 bits: node identities, purposes and boot ids become fixed-size keys.
 constexpr std::uint64_t fnv1a(std::string_view s) noexcept {
   std::uint64_t h = 14695981039346656037ull;

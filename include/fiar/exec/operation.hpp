@@ -50,8 +50,8 @@ inline constexpr int min_arch_of<Op> = Op::min_arch;
 /// epi.num_tokens) and
 /// vecs_per_token, kMaxSpreadThreads threads at most and one resident block per SM promised to ptxas (the grid never
 /// places two of a call's blocks on one SM; without the promise ptxas aims at two and spills at 32 registers),
-/// spread_shape as their grid (a token's vectors over a cluster of blocks), on element type T for pattern P (named in
-/// launch errors).
+/// spread_shape as their grid (a token's vectors over a cluster of blocks), on element type T for epilogue P (a
+/// Pattern or a user epilogue's tag, named in launch errors).
 template <class ParamsT, auto P, class T>
 struct PerTokenOperation {
   using Params = ParamsT;

@@ -12,6 +12,7 @@
 #include "../algo/lamport.hpp"
 #include "../core/pattern.hpp"
 #include "../core/prelude.hpp"
+#include "../core/text.hpp"
 
 FIAR_BEGIN_NAMESPACE
 namespace detail {
@@ -30,8 +31,10 @@ inline std::string call_timeout_text(std::string_view backend, int rank, std::ch
 /// "auto" for an engine without strategies of its own, which sends 0).
 inline std::string call_digest_text(const algo::CallDigest& d) {
   const auto pat = static_cast<Pattern>(d.pattern);
-  const std::string pattern_name =
-      is_valid(pat) ? std::string(to_string(pat)) : "pattern value " + std::to_string(d.pattern);
+  const std::string pattern_name = is_valid(pat) ? std::string(to_string(pat))
+                                   : (d.pattern & 0xC0000000u) == kUserEpilogueCode
+                                       ? "user epilogue " + hex_text(d.pattern)  // its name hashed (epilogue_code)
+                                       : "pattern value " + std::to_string(d.pattern);
   const char* strategy_name = d.strategy == algo::kDigestOneShot    ? "oneshot"
                               : d.strategy == algo::kDigestTwoShot  ? "twoshot"
                               : d.strategy == algo::kDigestMultimem ? "multimem"

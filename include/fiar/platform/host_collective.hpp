@@ -71,14 +71,15 @@ class HostCollective {
   /// Sums `count` elements of `in` over the ranks into `out` (null: the collective's own buffer; either may be `in`:
   /// it is copied out first); returns where the sum is. Synchronous.
   template <ReduceType T>
-  const T* allreduce(const T* in, T* out, int num_tokens, std::size_t count, Pattern pattern, cudaStream_t) {
+  const T* allreduce(const T* in, T* out, int num_tokens, std::size_t count, std::uint32_t code,
+                     const char* /*epilogue*/, cudaStream_t) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     const std::uint64_t call = calls_++;
     // Sequence numbers of this call's two arrivals: consecutive calls' barriers cannot be confused.
     const auto arrival = static_cast<std::uint32_t>(2 * call + 1);
     std::memcpy(data_of(rank_), in, count * sizeof(T));
     const algo::CallDigest mine{static_cast<std::uint32_t>(call & 0x7fffffffu), static_cast<std::uint32_t>(num_tokens),
-                                static_cast<std::uint32_t>(pattern), 0u};
+                                code, 0u};
     if (verify_) publish_digest(mine);
     if (!arrive_and_wait(arrival, deadline, call, "waiting for the input of rank(s) ")) check();
     if (verify_) compare_digests(mine);

@@ -99,7 +99,8 @@ class NcclCollective {
   /// when given). Classic (no window, or a larger call, where the copies cost more than the symmetric kernels save):
   /// NCCL reads `in` and writes the result (in place when `in` is where the sum goes: staging()).
   template <ReduceType T>
-  const T* allreduce(const T* in, T* out, int /*num_tokens*/, std::size_t count, Pattern pattern, cudaStream_t stream) {
+  const T* allreduce(const T* in, T* out, int /*num_tokens*/, std::size_t count, std::uint32_t /*code*/,
+                     const char* epilogue, cudaStream_t stream) {
 #if FIAR_HAS_NCCL
     const std::size_t bytes = count * sizeof(T);
     T* window = symmetric_ && bytes <= symmetric_max_bytes_ ? static_cast<T*>(window_.get()) : nullptr;
@@ -113,9 +114,8 @@ class NcclCollective {
     const ncclResult_t r =
         ncclAllReduce(window != nullptr ? window : in, sum, count, nccl_type<T>(), ncclSum, comm_.get(), stream);
     if (r != ncclSuccess) {  // the call's text only now: no string on the success path
-      enqueued(r, "ncclAllReduce(" + std::to_string(count) + " x " + std::string(dtype_name<T>()) + ", " +
-                      to_string(pattern) + (window != nullptr ? ", symmetric window" : "") + ") on rank " +
-                      std::to_string(rank_));
+      enqueued(r, "ncclAllReduce(" + std::to_string(count) + " x " + std::string(dtype_name<T>()) + ", " + epilogue +
+                      (window != nullptr ? ", symmetric window" : "") + ") on rank " + std::to_string(rank_));
     }
     if (window != nullptr && out != nullptr) {
       cuda_check(cudaMemcpyAsync(out, window, bytes, cudaMemcpyDeviceToDevice, stream),
@@ -128,7 +128,7 @@ class NcclCollective {
     (void)in;
     (void)out;
     (void)count;
-    (void)pattern;
+    (void)epilogue;
     (void)stream;
     throw std::logic_error("fiar: unreachable: an NCCL collective cannot exist in a build without NCCL");
 #endif
