@@ -4,9 +4,10 @@
 //
 //   build/examples/04_compile_time
 //
-// At startup the program still checks that the machine is the one it was built for (fiar::check_topology throws
-// std::invalid_argument, naming the rule, before any collective allocation). Without a GPU the ranks run on the host
-// emulator, which plays the constant topology (multicast included). Public API only.
+// It always runs on the host emulator, which plays the constant topology (multicast included), GPUs or not. A program
+// built this way for real GPUs checks at startup that the machine is the one it was built for: fiar::check_topology
+// on fiar::discover_topology(boot) throws std::invalid_argument, naming the rule, before any collective allocation;
+// here the same check runs on the constant, and on a two-node topology it refuses. Public API only.
 #include <fiar/fiar.hpp>
 
 #include <cstdio>

@@ -38,9 +38,7 @@ struct UsageError : std::runtime_error {
 inline std::string quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
 
 /// "cudaErrorNoDevice: no CUDA-capable device is detected".
-inline std::string describe_cuda(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
+inline std::string describe_cuda(cudaError_t e) { return fiar::detail::describe_cuda(e); }
 
 /// The integer `text` given to `flag`, at least `min`.
 inline int parse_int(std::string_view flag, std::string_view text, int min) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -248,10 +249,12 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// The shortest text that reads back as x (full precision: 35967.71 stays 35967.71); JSON's null where x is not finite.
 std::string number(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.4g", x);
-  return buf;
+  if (!std::isfinite(x)) return "null";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), x);
+  return std::string(buf, r.ptr);
 }
 
 void write_outputs(const Options& o, const std::vector<Row>& rows, const std::string& platform, int world,

@@ -47,8 +47,12 @@ with tempfile.TemporaryDirectory() as tmp:
         if r["size_bytes"] != r["tokens"] * r["hidden"] * 2 or r["time_us"] <= 0:
             failures.append(f"size or time off: {r}")
         expect_bus = r["algbw_gbps"] * 2 * (3 - 1) / 3
-        if abs(r["busbw_gbps"] - expect_bus) > 1e-3 * max(1e-9, expect_bus) + 1e-9:
-            failures.append(f"busbw is not algbw x 2(W-1)/W: {r}")
+        if abs(r["busbw_gbps"] - expect_bus) > 1e-12 * max(1e-9, expect_bus):
+            failures.append(f"busbw is not algbw x 2(W-1)/W (full precision): {r}")
+    # Full precision: the emulator's times (thousands of microseconds, fractions of one) keep more than 4 digits.
+    digits = max(len(repr(float(r["time_us"])).split("e")[0].replace(".", "").strip("0")) for r in rows)
+    if digits <= 4:
+        failures.append(f"JSON times keep {digits} significant digits at most: written rounded")
     for want in [("trtllm", "oneshot"), ("trtllm", "twoshot"), ("trtllm", "auto"), ("nccl", "auto")]:
         if want not in seen:
             failures.append(f"no {want} rows")
@@ -58,7 +62,8 @@ with tempfile.TemporaryDirectory() as tmp:
         failures.append(f"CSV: {len(csv_rows)} rows / wrong values: {csv_rows[:2]}")
     # The plot script reads the JSON (text mode needs no matplotlib).
     q = subprocess.run([sys.executable, PLOT, js, "--text"], capture_output=True, text=True)
-    if q.returncode != 0 or "trtllm oneshot" not in q.stdout:
+    if q.returncode != 0 or "W=3 trtllm oneshot" not in q.stdout or not q.stdout.startswith(
+            "fiar-bench: host emulator: not representative, W=3, bf16"):
         failures.append(f"plot-bench --text: exit {q.returncode}\n{q.stdout}\n{q.stderr}")
 
     run(["--platform", "host", "--world-size", "4", "--multicast", "yes", "--backend", "mnnvl", "-b", "256",

@@ -6,6 +6,12 @@
 // (FIAR_HAS_NCCL), so translation units built with different choices fail to link instead of mixing bodies.
 #pragma once
 
+// fiar is C++20 (concepts, constexpr std::string): say so before any of it fails to parse.
+#if __cplusplus < 202002L
+#error \
+    "fiar needs C++20: compile with -std=c++20 (nvcc too). Meson: default_options ['cpp_std=c++20', 'cuda_std=c++20']; CMake: link fiar::fiar (it sets C++20) or target_compile_features(<target> PUBLIC cxx_std_20)."
+#endif
+
 // NCCL is optional (the nccl backend on GPUs, NcclBootstrap): 1 needs <nccl.h> and -lnccl.
 #if !defined(FIAR_HAS_NCCL)
 #define FIAR_HAS_NCCL 0

@@ -22,6 +22,17 @@ namespace detail {
 
 /// "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version".
 inline std::string describe_cuda(cudaError_t e) {
+  if (e == cudaErrorInsufficientDriver) {
+    // CUDA's own words ("driver version is insufficient") also cover a machine with no driver at all.
+    int driver = 0, runtime = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+      return "cudaErrorInsufficientDriver: no CUDA driver found (libcuda is not installed, or not visible here)";
+    }
+    (void)cudaRuntimeGetVersion(&runtime);
+    auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+    return "cudaErrorInsufficientDriver: the CUDA driver supports CUDA " + version(driver) +
+           ", older than the runtime fiar was built with (" + version(runtime) + "); update the driver";
+  }
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 

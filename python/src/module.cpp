@@ -1,0 +1,440 @@
+// SPDX-License-Identifier: Apache-2.0
+// fiar._fiar — the Python extension under fiar/__init__.py: a workspace over any DLPack tensors (numpy, torch, ...),
+// created over a Python bootstrap (an object with FlashInfer's CommBackend shape: Get_rank, Get_size, allgather,
+// barrier) or fiar's TCP bootstrap from the environment, and one call that runs a fiar pattern.
+// Contract: every blocking wait (creation, a call on the host emulator) runs without the GIL, and a Python bootstrap
+// retakes it only for its own calls; fiar's exceptions arrive as fiar.TimeoutError / fiar.MismatchError (the C++
+// message unchanged), std::invalid_argument as ValueError; a tensor of the wrong kind raises TypeError / ValueError
+// naming the Python argument before anything runs. The public Python API (FlashInfer's names) is fiar/__init__.py.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <fiar/fiar.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+namespace nb = nanobind;
+
+namespace {
+
+// ---- bootstraps ----
+
+// A bootstrap over a Python object with FlashInfer's CommBackend shape: Get_rank(), Get_size(), allgather(obj) ->
+// one entry per rank in rank order, barrier(). Called from C++ without the GIL: each call takes it.
+class PythonBootstrap {
+ public:
+  explicit PythonBootstrap(nb::object comm) : comm_(std::move(comm)) {
+    rank_ = nb::cast<int>(comm_.attr("Get_rank")());
+    size_ = nb::cast<int>(comm_.attr("Get_size")());
+  }
+  ~PythonBootstrap() {
+    nb::gil_scoped_acquire gil;
+    comm_.reset();
+  }
+  PythonBootstrap(const PythonBootstrap&) = delete;
+  PythonBootstrap& operator=(const PythonBootstrap&) = delete;
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+
+  void all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+    nb::gil_scoped_acquire gil;
+    nb::object gathered = comm_.attr("allgather")(nb::bytes(reinterpret_cast<const char*>(in.data()), in.size()));
+    const std::size_t n = nb::len(gathered);
+    if (n != static_cast<std::size_t>(size_) || out.size() != in.size() * n) {
+      throw std::runtime_error("fiar: comm_backend.allgather returned " + std::to_string(n) +
+                               " entries; expected one per rank (" + std::to_string(size_) + ")");
+    }
+    for (std::size_t r = 0; r < n; ++r) {
+      nb::bytes b = nb::cast<nb::bytes>(gathered[r]);
+      if (b.size() != in.size()) {
+        throw std::runtime_error("fiar: comm_backend.allgather gave rank " + std::to_string(r) + " " +
+                                 std::to_string(b.size()) + " bytes; every rank sent " + std::to_string(in.size()));
+      }
+      std::memcpy(out.data() + r * in.size(), b.c_str(), in.size());
+    }
+  }
+  void barrier() {
+    nb::gil_scoped_acquire gil;
+    comm_.attr("barrier")();
+  }
+
+ private:
+  nb::object comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+static_assert(fiar::Bootstrap<PythonBootstrap>);
+
+// ---- tensors ----
+
+enum class Kind { F32, F16, BF16, U8, I32 };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::F32: return "float32";
+    case Kind::F16: return "float16";
+    case Kind::BF16: return "bfloat16";
+    case Kind::U8: return "uint8";
+    case Kind::I32: return "int32";
+  }
+  return "?";
+}
+
+bool is_kind(const nb::dlpack::dtype& d, Kind k) {
+  using nb::dlpack::dtype_code;
+  switch (k) {
+    case Kind::F32: return d.code == static_cast<std::uint8_t>(dtype_code::Float) && d.bits == 32 && d.lanes == 1;
+    case Kind::F16: return d.code == static_cast<std::uint8_t>(dtype_code::Float) && d.bits == 16 && d.lanes == 1;
+    case Kind::BF16: return d.code == static_cast<std::uint8_t>(dtype_code::Bfloat) && d.bits == 16 && d.lanes == 1;
+    // FP8 codes arrive as uint8 or as a float8 dtype (torch.float8_e4m3fn: DLPack float8 codes): any 8-bit type.
+    case Kind::U8: return d.bits == 8 && d.lanes == 1;
+    case Kind::I32:
+      return (d.code == static_cast<std::uint8_t>(dtype_code::Int) ||
+              d.code == static_cast<std::uint8_t>(dtype_code::UInt)) &&
+             d.bits == 32 && d.lanes == 1;
+  }
+  return false;
+}
+
+using Array = nb::ndarray<nb::device::cpu>;  // host memory: the emulator's tensors (CUDA builds add their own kind)
+
+// The address of a tensor argument after checking its kind, its row count and width (when given), and that it is
+// C-contiguous (or, for `strided` ones, laid out as the caller checks itself). `name` is the Python argument's.
+struct TensorSpec {
+  Kind kind;
+  std::int64_t rows = -1;  ///< -1: any
+  std::int64_t cols = -1;  ///< -1: any; 0: a 1-D tensor of `rows` elements (or rows x 1)
+};
+
+void* checked(const std::optional<Array>& a, const char* name, const TensorSpec& spec) {
+  if (!a) return nullptr;
+  const Array& t = *a;
+  if (!is_kind(t.dtype(), spec.kind)) {
+    throw nb::type_error((std::string(name) + " must be a " + kind_name(spec.kind) + " tensor (bits " +
+                          std::to_string(t.dtype().bits) + ", code " + std::to_string(t.dtype().code) + " given)")
+                             .c_str());
+  }
+  // Rows and columns of a 2-D tensor (a 1-D one is one row of shape(0) elements, or with cols == 0 a column).
+  const std::size_t nd = t.ndim();
+  std::int64_t rows = nd >= 1 ? static_cast<std::int64_t>(t.shape(0)) : 1;
+  std::int64_t cols = nd >= 2 ? static_cast<std::int64_t>(t.shape(1)) : 1;
+  if (nd > 2 || nd == 0) {
+    throw nb::value_error(
+        (std::string(name) + " must be 1-D or 2-D (it has " + std::to_string(nd) + " dimensions)").c_str());
+  }
+  if (spec.cols == 0) {  // a vector: [rows] or [rows, 1]
+    if (nd == 2 && cols != 1) {
+      throw nb::value_error((std::string(name) + " must have shape (" + std::to_string(spec.rows) + ", 1) or (" +
+                             std::to_string(spec.rows) + ",); got a second dimension of " + std::to_string(cols))
+                                .c_str());
+    }
+    cols = -1;
+  }
+  if ((spec.rows >= 0 && rows != spec.rows) || (spec.cols > 0 && cols != spec.cols)) {
+    throw nb::value_error((std::string(name) + " has shape (" + std::to_string(rows) +
+                           (nd == 2 ? ", " + std::to_string(t.shape(1)) : std::string()) + "); expected (" +
+                           std::to_string(spec.rows) + (spec.cols > 0 ? ", " + std::to_string(spec.cols) : "") + ")")
+                              .c_str());
+  }
+  const bool contiguous = nd == 1 ? t.stride(0) == 1 || rows <= 1
+                                  : (t.stride(1) == 1 || t.shape(1) <= 1) &&
+                                        (t.stride(0) == static_cast<std::int64_t>(t.shape(1)) || t.shape(0) <= 1);
+  if (!contiguous) throw nb::value_error((std::string(name) + " must be contiguous (row-major)").c_str());
+  return t.data();
+}
+
+// ---- workspaces ----
+
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// The workspace of one element type on the host emulator.
+template <class T>
+using HostWorkspace = fiar::AnyWorkspace<T, fiar::HostPlatform>;
+using AnyHost = std::variant<std::monostate, HostWorkspace<float>, HostWorkspace<__half>, HostWorkspace<__nv_bfloat16>>;
+
+Kind kind_of_dtype(const std::string& dtype) {
+  if (dtype == "float32") return Kind::F32;
+  if (dtype == "float16") return Kind::F16;
+  if (dtype == "bfloat16") return Kind::BF16;
+  throw nb::value_error(("dtype " + dtype + "; allowed: float32, float16, bfloat16").c_str());
+}
+
+// One call's arguments as the Python layer passes them (FlashInfer's argument names mapped to fiar's pattern).
+struct CallArgs {
+  int pattern = 0;
+  int strategy = 0;
+  std::optional<Array> input, output, residual_in, residual_out, gamma, gamma_pre, norm_out, quant_out, scale,
+      scale_out, block_scale_out, expanded_idx, expert_scale, shared_expert_out;
+  float eps = 1e-6f, weight_bias = 0.0f, routed_scaling_factor = 1.0f;
+  int layout = 0, group_size = 128, group_scale = 0;
+};
+
+class Workspace {
+  // f(ws) on the workspace of the element type this one was created with (a destroyed one throws).
+  template <class F>
+  auto visit(F&& f) const {
+    return std::visit(
+        [&](const auto& ws) -> decltype(f(std::declval<const HostWorkspace<float>&>())) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(ws)>, std::monostate>) {
+            throw std::logic_error("fiar: the workspace was destroyed. Fix: create another one.");
+          } else {
+            return f(ws);
+          }
+        },
+        ws_);
+  }
+
+ public:
+  Workspace(nb::object comm, const std::string& backend, int world_size, int rank, int max_token_num, int hidden_dim,
+            const std::string& dtype, int gpus_per_node, bool force_oneshot, int timeout_ms, bool batch_invariant,
+            int arch)
+      : kind_(kind_of_dtype(dtype)), hidden_(hidden_dim) {
+    fiar::WorkspaceConfig cfg;
+    cfg.max_token_num = max_token_num;
+    cfg.hidden_dim = hidden_dim;
+    cfg.oneshot_at_max_tokens = force_oneshot;
+    cfg.timeout = std::chrono::milliseconds(timeout_ms);
+    cfg.batch_invariant = batch_invariant;
+    const fiar::Backend requested = fiar::parse_backend(backend);
+    if (gpus_per_node <= 0) gpus_per_node = world_size;
+    if (world_size % gpus_per_node != 0) {
+      throw nb::value_error(("gpus_per_node = " + std::to_string(gpus_per_node) + " does not divide world_size = " +
+                             std::to_string(world_size) + ". Fix: pass the ranks per node.")
+                                .c_str());
+    }
+    // The emulated machine: world_size / gpus_per_node nodes, each an NVSwitch domain with multicast.
+    fiar::Topology topo{.world_size = world_size,
+                        .rank = rank,
+                        .node_count = world_size / gpus_per_node,
+                        .multicast_supported = world_size == gpus_per_node,
+                        .arch = arch};
+    if (!comm.is_none()) {
+      boot_ = std::make_unique<PythonBootstrap>(comm);
+      if (boot_->rank() != rank || boot_->size() != world_size) {
+        throw nb::value_error(("comm_backend says rank " + std::to_string(boot_->rank()) + " of " +
+                               std::to_string(boot_->size()) + ", the call rank " + std::to_string(rank) + " of " +
+                               std::to_string(world_size) + ". Fix: pass the comm_backend of this rank's group.")
+                                  .c_str());
+      }
+    }
+    nb::gil_scoped_release release;
+    create(requested, topo, cfg);
+  }
+
+  [[nodiscard]] std::string backend() const {
+    return visit([](const auto& ws) { return std::string(fiar::to_string(ws.backend())); });
+  }
+  [[nodiscard]] int world_size() const {
+    return visit([](const auto& ws) { return ws.topology().world_size; });
+  }
+  [[nodiscard]] int rank() const {
+    return visit([](const auto& ws) { return ws.topology().rank; });
+  }
+  [[nodiscard]] std::string dtype() const { return kind_name(kind_); }
+  [[nodiscard]] int hidden_dim() const { return hidden_; }
+  [[nodiscard]] int max_token_num() const {
+    return visit([](const auto& ws) { return ws.config().max_token_num; });
+  }
+  [[nodiscard]] bool fits(int num_tokens, int strategy) const {
+    return visit([&](const auto& ws) {
+      return ws.is_buffer_size_sufficient(num_tokens, static_cast<fiar::Strategy>(strategy));
+    });
+  }
+  [[nodiscard]] std::string last_strategy() const {
+    return visit([](const auto& ws) { return std::string(fiar::to_string(ws.last_strategy())); });
+  }
+  void check() const {
+    nb::gil_scoped_release release;
+    visit([](const auto& ws) { ws.check(); });
+  }
+  void destroy() {
+    nb::gil_scoped_release release;
+    ws_ = std::monostate{};
+    boot_.reset();
+  }
+  [[nodiscard]] bool destroyed() const { return std::holds_alternative<std::monostate>(ws_); }
+
+  // One call: `d` maps CallArgs' names to tensors (None or absent: not passed) and values.
+  void run(const nb::dict& d) {
+    CallArgs c;
+    auto value = [&](const char* key, auto fallback) {
+      using V = decltype(fallback);
+      return d.contains(key) && !d[key].is_none() ? nb::cast<V>(d[key]) : fallback;
+    };
+    c.pattern = value("pattern", 0);
+    c.strategy = value("strategy", 0);
+    c.eps = value("eps", 1e-6f);
+    c.weight_bias = value("weight_bias", 0.0f);
+    c.routed_scaling_factor = value("routed_scaling_factor", 1.0f);
+    c.layout = value("layout", 0);
+    c.group_size = value("group_size", 128);
+    c.group_scale = value("group_scale", 0);
+    auto tensor = [&](const char* key, const char* name, std::optional<Array>& into) {
+      if (!d.contains(key) || d[key].is_none()) return;
+      Array a;
+      if (!nb::try_cast<Array>(d[key], a, /*convert=*/false)) {
+        throw nb::type_error((std::string(name) +
+                              " must be a host tensor (numpy, or torch on the CPU: the host "
+                              "platform) supporting DLPack; got " +
+                              nb::cast<std::string>(nb::str(nb::handle(d[key]).type())))
+                                 .c_str());
+      }
+      into = a;
+    };
+    tensor("input", "input", c.input);
+    tensor("output", "output", c.output);
+    tensor("residual_in", "residual_in", c.residual_in);
+    tensor("residual_out", "residual_out", c.residual_out);
+    tensor("gamma", "rms_gamma", c.gamma);
+    tensor("gamma_pre", "gamma_pre", c.gamma_pre);
+    tensor("norm_out", "norm_out", c.norm_out);
+    tensor("quant_out", "quant_out", c.quant_out);
+    tensor("scale", "scale_factor", c.scale);
+    tensor("scale_out", "scale_out", c.scale_out);
+    tensor("block_scale_out", "scale_out", c.block_scale_out);
+    tensor("expanded_idx", "expanded_idx_to_permuted_idx", c.expanded_idx);
+    tensor("expert_scale", "expert_scale_factor", c.expert_scale);
+    tensor("shared_expert_out", "shared_expert_output", c.shared_expert_out);
+    std::visit(
+        [&](auto& ws) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(ws)>, std::monostate>) {
+            throw std::logic_error("fiar: the workspace was destroyed. Fix: create another one.");
+          } else {
+            using T = typename std::decay_t<decltype(ws)>::value_type;
+            run_typed<T>(ws, c);
+          }
+        },
+        ws_);
+  }
+
+ private:
+  void create(fiar::Backend requested, const fiar::Topology& topo, const fiar::WorkspaceConfig& cfg) {
+    auto make = [&](auto tag, auto& boot) {
+      using T = typename decltype(tag)::type;
+      ws_ = fiar::make_workspace<T, fiar::HostPlatform>(boot, topo, cfg, requested, fiar::HostPlatformOptions{});
+    };
+    auto with_boot = [&](auto tag) {
+      if (boot_) {
+        make(tag, *boot_);
+      } else {
+        fiar::TcpBootstrap tcp(fiar::TcpBootstrapOptions::from_environment(cfg.timeout));
+        make(tag, tcp);
+      }
+    };
+    switch (kind_) {
+      case Kind::F32: with_boot(TypeTag<float>{}); break;
+      case Kind::F16: with_boot(TypeTag<__half>{}); break;
+      case Kind::BF16: with_boot(TypeTag<__nv_bfloat16>{}); break;
+      default: throw std::logic_error("fiar: unreachable dtype");
+    }
+  }
+
+  template <class T>
+  void run_typed(HostWorkspace<T>& ws, const CallArgs& c) {
+    const fiar::Pattern p = static_cast<fiar::Pattern>(c.pattern);
+    if (!fiar::is_valid(p)) throw nb::value_error(("pattern value " + std::to_string(c.pattern)).c_str());
+    const fiar::PatternTraits& traits = fiar::pattern_traits(p);
+    const bool moe = traits.prologue == fiar::Prologue::MoeFinalize;
+    if (!c.input) throw nb::value_error("input is required");
+    const std::int64_t in_rows = c.input->ndim() >= 1 ? static_cast<std::int64_t>(c.input->shape(0)) : 0;
+    std::int64_t tokens = in_rows;
+    if (moe) {
+      if (!c.expanded_idx) throw nb::value_error("expanded_idx_to_permuted_idx is required by MoE finalize");
+      tokens = static_cast<std::int64_t>(c.expanded_idx->shape(0));
+    }
+    const Kind k = kind_;
+    const std::int64_t h = hidden_;
+    fiar::FusedArgs<T> a;
+    a.in = static_cast<const T*>(checked(c.input, "input", {k, in_rows, h}));
+    a.num_tokens = static_cast<int>(tokens);
+    a.out = static_cast<T*>(checked(c.output, "output", {k, tokens, h}));
+    a.residual_in = static_cast<const T*>(checked(c.residual_in, "residual_in", {k, tokens, h}));
+    a.residual_out = static_cast<T*>(checked(c.residual_out, "residual_out", {k, tokens, h}));
+    a.gamma = static_cast<const T*>(checked(c.gamma, "rms_gamma", {k, -1, 0}));
+    a.gamma_pre = static_cast<const T*>(checked(c.gamma_pre, "gamma_pre", {k, -1, 0}));
+    a.norm_out = static_cast<T*>(checked(c.norm_out, "norm_out", {k, tokens, h}));
+    a.quant_out = checked(c.quant_out, "quant_out", {Kind::U8, tokens, -1});
+    a.scale = static_cast<const float*>(checked(c.scale, "scale_factor", {Kind::F32, 1, 0}));
+    a.scale_out = static_cast<float*>(checked(c.scale_out, "scale_out", {Kind::F32, tokens, 0}));
+    a.block_scale_out = c.block_scale_out ? c.block_scale_out->data() : nullptr;  // its layout: fiar checks the size
+    if (c.block_scale_out &&
+        !(is_kind(c.block_scale_out->dtype(), Kind::U8) || is_kind(c.block_scale_out->dtype(), Kind::I32) ||
+          is_kind(c.block_scale_out->dtype(), Kind::F32))) {
+      throw nb::type_error("scale_out must be a uint8 / float8, int32 or float32 tensor for this pattern");
+    }
+    a.eps = c.eps;
+    a.weight_bias = c.weight_bias;
+    a.layout = static_cast<fiar::ScaleLayout>(c.layout);
+    a.group_size = c.group_size;
+    a.group_scale = static_cast<fiar::GroupScale>(c.group_scale);
+    if (moe) {
+      a.expanded_idx_to_permuted_idx =
+          static_cast<const int*>(checked(c.expanded_idx, "expanded_idx_to_permuted_idx", {Kind::I32, tokens, -1}));
+      a.top_k = c.expanded_idx->ndim() == 2 ? static_cast<int>(c.expanded_idx->shape(1)) : 1;
+      a.expert_scale = static_cast<const float*>(
+          checked(c.expert_scale, "expert_scale_factor", {Kind::F32, tokens, static_cast<std::int64_t>(a.top_k)}));
+      a.shared_expert_out = static_cast<const T*>(checked(c.shared_expert_out, "shared_expert_output", {k, tokens, h}));
+      a.num_permuted_rows = static_cast<int>(in_rows);
+      a.routed_scaling_factor = c.routed_scaling_factor;
+    }
+    const auto strategy = static_cast<fiar::Strategy>(c.strategy);
+    nb::gil_scoped_release release;  // the call waits for the other ranks on the emulator
+    switch (p) {
+#define FIAR_PY_CASE(unused, P) \
+  case fiar::Pattern::P: ws.template run<fiar::Pattern::P>(a, nullptr, strategy); break;
+      FIAR_FOR_EACH_PATTERN(FIAR_PY_CASE, _)
+#undef FIAR_PY_CASE
+    }
+  }
+
+  Kind kind_;
+  int hidden_;
+  std::unique_ptr<PythonBootstrap> boot_;
+  AnyHost ws_;
+};
+
+}  // namespace
+
+NB_MODULE(_fiar, m) {
+  m.doc() = "fiar's extension: use the fiar package (import fiar), not this module";
+  m.attr("version") = fiar::version_string;
+  m.attr("cuda") = false;
+  nb::exception<fiar::timeout_error>(m, "TimeoutError", PyExc_TimeoutError);
+  nb::exception<fiar::mismatch_error>(m, "MismatchError", PyExc_RuntimeError);
+
+  nb::class_<Workspace>(m, "Workspace")
+      .def(
+          nb::init<nb::object, const std::string&, int, int, int, int, const std::string&, int, bool, int, bool, int>(),
+          nb::arg("comm").none(), nb::arg("backend"), nb::arg("world_size"), nb::arg("rank"), nb::arg("max_token_num"),
+          nb::arg("hidden_dim"), nb::arg("dtype"), nb::arg("gpus_per_node"), nb::arg("force_oneshot"),
+          nb::arg("timeout_ms"), nb::arg("batch_invariant"), nb::arg("arch"))
+      .def_prop_ro("backend", &Workspace::backend)
+      .def_prop_ro("world_size", &Workspace::world_size)
+      .def_prop_ro("rank", &Workspace::rank)
+      .def_prop_ro("dtype", &Workspace::dtype)
+      .def_prop_ro("hidden_dim", &Workspace::hidden_dim)
+      .def_prop_ro("max_token_num", &Workspace::max_token_num)
+      .def_prop_ro("destroyed", &Workspace::destroyed)
+      .def_prop_ro("last_strategy", &Workspace::last_strategy)
+      .def("fits", &Workspace::fits)
+      .def("check", &Workspace::check)
+      .def("destroy", &Workspace::destroy)
+      .def("run", &Workspace::run);
+}
