@@ -323,7 +323,8 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
         "quant_out": quant_out,
         "eps": float(rms_eps),
         "weight_bias": float(weight_bias),
-        "layout": QuantizationSFLayout.SWIZZLED_128x4 if layout_code is None else int(layout_code),
+        # fiar's ScaleLayout: Swizzled128x4 = 0, Linear = 1 (FlashInfer's LINEAR is 2).
+        "layout": 1 if layout_code == QuantizationSFLayout.LINEAR else 0,
         "group_scale": group_scale,
         "expanded_idx": expanded_idx_to_permuted_idx,
         "expert_scale": expert_scale_factor,

@@ -22,6 +22,94 @@ PATTERNS = {
 }
 MOE = (P.kMoEFinalizeAllReduce, P.kMoEFinalizeARResidualRMSNorm)
 
+# The quantizing patterns (all after the residual norm): their format, whether they write norm_out, and the
+# variant's parameters (the static scale given as a float or a tensor, the scale layout, the group scale format).
+GROUP = 64  # block_quant_group_size: 4 groups of a 256-wide row
+STATIC_SCALE = 0.05
+GLOBAL_SCALE = 3.0  # NVFP4's global scale
+QUANT = {
+    P.kARResidualRMSNormFP8Quant: ("fp8", False, {"float_scale": True}),
+    P.kARResidualRMSNormOutFP8Quant: ("fp8", True, {"float_scale": False}),
+    P.kARResidualRMSNormFP4Quant: ("nvfp4", False, {"swizzled": False}),
+    P.kARResidualRMSNormOutFP4Quant: ("nvfp4", True, {"swizzled": True}),
+    P.kARResidualRMSNormPerTokenGroupFP8PackedQuant: ("group", False, {"packed": True}),
+    P.kARResidualRMSNormOutPerTokenGroupFP8PackedQuant: ("group", True, {"packed": True}),
+    P.kARResidualRMSNormDynamicFP8Quant: ("dynamic", False, {}),
+    P.kARResidualRMSNormOutDynamicFP8Quant: ("dynamic", True, {}),
+    P.kARResidualRMSNormMXFP8Quant: ("mxfp8", False, {"swizzled": False}),
+    P.kARResidualRMSNormOutMXFP8Quant: ("mxfp8", True, {"swizzled": True}),
+    P.kARResidualRMSNormPerTokenGroupFP8Float32Quant: ("group", False, {"packed": False}),
+    P.kARResidualRMSNormOutPerTokenGroupFP8Float32Quant: ("group", True, {"packed": False}),
+}
+
+
+def quant_patterns(dtype):
+    """The quantizing patterns an element type runs (NVFP4 takes 16-bit input)."""
+    return [p for p, (kind, _, _) in QUANT.items() if kind != "nvfp4" or np.dtype(dtype).itemsize == 2]
+
+
+def call_quant(ws, pattern, dtype, tokens, hidden, rank):
+    """Rank `rank`'s call of a quantizing pattern, every output buffer filled with 0xAA first (fiar writes every
+    byte); returns the outputs by name, scale tensors as their whole storage in bytes."""
+    kind, with_norm, opt = QUANT[pattern]
+    x = ref.inputs(dtype, tokens, hidden, rank)
+    res = ref.residual(dtype, tokens, hidden)
+    outs = {"residual_out": np.zeros((tokens, hidden), dtype=dtype)}
+    if with_norm:
+        outs["norm_out"] = np.zeros((tokens, hidden), dtype=dtype)
+    kw = dict(residual_in=res, rms_gamma=ref.weights(dtype, hidden, 1), rms_eps=EPS, weight_bias=WEIGHT_BIAS)
+    width = hidden // 2 if kind == "nvfp4" else hidden
+    quant = np.full((tokens, width), 0xAA, dtype=np.uint8)
+    storage = None
+    if kind == "fp8":
+        kw["scale_factor"] = STATIC_SCALE if opt["float_scale"] else np.array([STATIC_SCALE], dtype=np.float32)
+    elif kind == "dynamic":
+        kw["scale_out"] = storage = np.full((tokens, 1), np.nan, dtype=np.float32)
+    elif kind == "group":
+        rows, groups = (tokens + 3) // 4 * 4, hidden // GROUP
+        cols = (groups + 3) // 4 if opt["packed"] else groups
+        words = np.full(tokens + (cols - 1) * rows, 0xAAAAAAAA, dtype=np.uint32)
+        view = words.view(np.int32 if opt["packed"] else np.float32)
+        kw["scale_out"] = np.lib.stride_tricks.as_strided(view, shape=(tokens, cols), strides=(4, 4 * rows))
+        kw["block_quant_group_size"] = GROUP
+        storage = words
+    else:  # nvfp4, mxfp8: the block scales in their layout
+        cols = hidden // (16 if kind == "nvfp4" else 32)
+        size = ref.block_scale_offsets(tokens, cols, opt["swizzled"])[1]
+        kw["scale_out"] = storage = np.full(size, 0xAA, dtype=np.uint8)
+        kw["layout_code"] = fiar.QuantizationSFLayout.SWIZZLED_128x4 if opt["swizzled"] else \
+            fiar.QuantizationSFLayout.LINEAR
+        if kind == "nvfp4":
+            kw["scale_factor"] = np.array([GLOBAL_SCALE], dtype=np.float32)
+    returned = fiar.allreduce_fusion(x, ws, pattern, quant_out=quant, **outs, **kw)
+    assert returned is outs.get("norm_out", quant)
+    outs["quant_out"] = quant
+    if storage is not None:
+        outs["scales"] = storage.view(np.uint8).reshape(-1)
+    return outs
+
+
+def expected_quant(pattern, dtype, tokens, hidden, world):
+    kind, with_norm, opt = QUANT[pattern]
+    total = ref.rank_sum([ref.inputs(dtype, tokens, hidden, r) for r in range(world)], np.dtype(dtype))
+    y = ref.add_round(total, ref.residual(dtype, tokens, hidden))
+    n = ref.rmsnorm(y, ref.weights(dtype, hidden, 1), EPS, WEIGHT_BIAS)
+    want = {"residual_out": y}
+    if with_norm:
+        want["norm_out"] = n
+    if kind == "fp8":
+        want["quant_out"] = ref.fp8_static(n, STATIC_SCALE)
+    elif kind == "dynamic":
+        want["quant_out"], scale = ref.fp8_dynamic(n)
+        want["scales"] = scale.astype(np.float32).view(np.uint8)
+    elif kind == "group":
+        want["quant_out"], want["scales"] = ref.fp8_group(n, GROUP, opt["packed"])
+    elif kind == "nvfp4":
+        want["quant_out"], want["scales"] = ref.nvfp4(n, GLOBAL_SCALE, opt["swizzled"])
+    else:
+        want["quant_out"], want["scales"] = ref.mxfp8(n, opt["swizzled"])
+    return want
+
 
 def call_rank(ws, pattern, dtype, tokens, hidden, rank, strategy=None):
     """Rank `rank`'s call; returns its outputs by name."""

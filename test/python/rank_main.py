@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """One rank of fiar's Python process tests: the workspace over fiar's TCP bootstrap from the environment (FIAR_RANK,
-FIAR_WORLD_SIZE, FIAR_MASTER_PORT), every reference pattern once, each checked here; prints one JSON line.
+FIAR_WORLD_SIZE, FIAR_MASTER_PORT), every pattern once, each checked here; prints one JSON line.
 
     rank_main.py DTYPE TOKENS HIDDEN [BACKEND]
 """
@@ -25,6 +25,10 @@ try:
             got = cases.call_rank(ws, pattern, dtype, tokens, hidden, rank)
             report["wrong"][str(pattern)] = cases.mismatches(got, cases.expected(pattern, dtype, tokens, hidden,
                                                                                  world))
+        for pattern in cases.quant_patterns(dtype):
+            got = cases.call_quant(ws, pattern, dtype, tokens, hidden, rank)
+            report["wrong"][str(pattern)] = cases.mismatches(got, cases.expected_quant(pattern, dtype, tokens,
+                                                                                       hidden, world))
         ws.check()
 except Exception as e:  # noqa: BLE001 - reported to the test
     report["error"] = f"{type(e).__name__}: {e}"

@@ -119,3 +119,149 @@ def moe_inputs(dtype, tokens, hidden, rank, top_k=4):
     scale = (0.125 * (1 + rng.integers(0, 7, size=(tokens, top_k)))).astype(F32)
     shared = rng.uniform(-1, 1, size=(tokens, hidden)).astype(dtype)
     return x, idx, scale, shared
+
+
+# ---- quantization (docs/formats.md) ----
+
+def _pow2_exponent(a):
+    """floor(log2(a)) of positive finite float64 values, exactly (frexp: a = m 2^e, m in [0.5, 1))."""
+    return np.frexp(a)[1] - 1
+
+
+def e4m3(x):
+    """CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) of float32 values, as bytes: nearest even, +-448
+    at most, NaN as 0x7f, tiny values to a signed zero."""
+    x = np.asarray(x, dtype=F32)
+    sign = (np.signbit(x).astype(np.uint8) << 7).astype(np.uint8)
+    a = np.abs(x.astype(F64))
+    a = np.where(np.isfinite(a), a, 1e9)  # inf saturates (NaN handled below)
+    e = np.maximum(_pow2_exponent(np.where(a > 0, a, 1.0)), -6)  # quantum 2^(e - 3); 2^-9 below 2^-6
+    v = np.minimum(np.rint(a / np.exp2(e - 3)) * np.exp2(e - 3), 448.0)
+    sub = v < 2.0 ** -6
+    ev = _pow2_exponent(np.where(v > 0, v, 1.0))
+    mant = np.where(sub, v / 2.0 ** -9, (v / np.exp2(ev) - 1) * 8)
+    code = np.where(sub, mant, ((ev + 7) * 8) + mant).astype(np.uint8)
+    return np.where(np.isnan(x), np.uint8(0x7f), code | sign).astype(np.uint8)
+
+
+def e4m3_value(code):
+    code = np.asarray(code, dtype=np.uint8).astype(np.int64)
+    e, m = (code >> 3) & 0xf, code & 7
+    v = np.where(e == 0, m * 2.0 ** -9, (1 + m / 8.0) * np.exp2(e - 7))
+    return np.where(code & 0x80, -v, v).astype(F32)
+
+
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def e2m1(x):
+    """CUDA's e2m1 conversion of float32 values as 4-bit codes: nearest even, +-6 at most, NaN as +6 (0x7)."""
+    x = np.asarray(x, dtype=F32)
+    a = np.abs(x.astype(F64))
+    a = np.where(np.isfinite(a), a, 1e9)
+    step = np.exp2(np.maximum(_pow2_exponent(np.where(a > 0, a, 1.0)), 0) - 1)
+    v = np.minimum(np.rint(a / step) * step, 6.0)
+    code = np.searchsorted(_E2M1, v).astype(np.uint8)
+    code = code | (np.signbit(x).astype(np.uint8) << 3)
+    return np.where(np.isnan(x), np.uint8(0x7), code).astype(np.uint8)
+
+
+def over_fp8_max(amax):
+    """amax / 448 as fiar computes it: a fp64 product rounded to float32."""
+    return (np.asarray(amax, F32).astype(F64) * (1.0 / 448.0)).astype(F32)
+
+
+def fp8_static(n, scale):
+    inv = F32(1) / F32(scale)
+    return e4m3(n.astype(F32) * inv)
+
+
+def fp8_dynamic(n):
+    """Codes and per-token scales: scale = max(amax / 448, 1 / (512 x 448)), q = e4m3(n / scale)."""
+    f = n.astype(F32)
+    amax = np.abs(f).max(axis=1)
+    s = amax / F32(448)
+    scale = np.maximum(s, F32(1.0) / (F32(512) * F32(448)))
+    return e4m3(f / scale[:, None]), scale
+
+
+def group_scale(amax):
+    """The power of two at or above max(amax / 448, 1e-10), float32."""
+    y = np.maximum(over_fp8_max(amax), F32(1e-10))
+    bits = y.view(np.uint32)
+    bits = np.where(bits & 0x7fffff, (bits + 0x800000) & 0x7f800000, bits).astype(np.uint32)
+    return bits.view(F32)
+
+
+def fp8_group(n, group, packed):
+    """Codes, and the scale tensor's bytes as fiar writes them: [tokens, C] 4-byte elements, strides (1, R)."""
+    tokens, hidden = n.shape
+    f = n.astype(F32)
+    groups = hidden // group
+    amax = np.abs(f.reshape(tokens, groups, group)).max(axis=2)
+    y = group_scale(amax)
+    inv = np.exp2(-np.log2(y.astype(F64))).astype(F32)  # exact: y is a power of two
+    codes = e4m3(f.reshape(tokens, groups, group) * inv[:, :, None]).reshape(tokens, hidden)
+    rows = (tokens + 3) // 4 * 4
+    cols = (groups + 3) // 4 if packed else groups
+    words = np.zeros(tokens + (cols - 1) * rows, dtype=np.uint32)
+    for c in range(cols):
+        if packed:
+            col = np.zeros(tokens, dtype=np.uint32)
+            for j in range(4):
+                g = 4 * c + j
+                if g < groups:
+                    col |= (y[:, g].view(np.uint32) >> 23).astype(np.uint32) << (8 * j)
+        else:
+            col = y[:, c].view(np.uint32)
+        words[c * rows:c * rows + tokens] = col
+    return codes, words.view(np.uint8)
+
+
+def block_scale_offsets(tokens, cols, swizzled):
+    """Where the scale of (row m, column k) goes, [tokens, cols]; and the tensor's bytes."""
+    m = np.arange(tokens)[:, None]
+    k = np.arange(cols)[None, :]
+    if not swizzled:
+        return m * cols + k, tokens * cols
+    kp = (cols + 3) // 4 * 4
+    offset = (m // 128) * (kp // 4) * 512 + (k // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 + k % 4
+    return offset, (tokens + 127) // 128 * 128 * kp
+
+
+def nvfp4(n, global_scale, swizzled):
+    """Packed e2m1 codes [tokens, hidden / 2] and the e4m3 block scales in their layout."""
+    tokens, hidden = n.shape
+    f = n.astype(F32).reshape(tokens, hidden // 16, 16)
+    g = F32(global_scale)
+    amax = np.abs(f).max(axis=2)
+    sf = e4m3(g * (amax * F32(1.0 / 6.0)))
+    dec = e4m3_value(sf)
+    factor = np.where(dec == 0, F32(0), g / np.where(dec == 0, F32(1), dec)).astype(F32)
+    q = e2m1(f * factor[:, :, None]).reshape(tokens, hidden)
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    offset, size = block_scale_offsets(tokens, hidden // 16, swizzled)
+    scales = np.zeros(size, dtype=np.uint8)
+    scales[offset] = sf
+    return packed, scales
+
+
+def e8m0_up(x):
+    """The biased exponent of the smallest power of two at or above x (x >= 0, float32), saturating at 254."""
+    bits = np.asarray(x, F32).view(np.uint32)
+    e = (bits >> 23).astype(np.int64)
+    e = np.where((bits & 0x7fffff) != 0, e + 1, e)
+    return np.clip(e, 0, 254).astype(np.uint8)
+
+
+def mxfp8(n, swizzled):
+    tokens, hidden = n.shape
+    f = n.astype(F32).reshape(tokens, hidden // 32, 32)
+    amax = np.abs(f).max(axis=2)
+    sf = np.where(amax == 0, np.uint8(0), e8m0_up(over_fp8_max(amax))).astype(np.uint8)
+    factor = np.where(amax == 0, F32(0), np.exp2(127.0 - sf.astype(F64)).astype(F32)).astype(F32)
+    codes = e4m3(f * factor[:, :, None]).reshape(tokens, hidden)
+    offset, size = block_scale_offsets(tokens, hidden // 32, swizzled)
+    scales = np.zeros(size, dtype=np.uint8)
+    scales[offset] = sf
+    return codes, scales

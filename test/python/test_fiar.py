@@ -99,6 +99,27 @@ def test_threads_bit_exact(world, pattern, tokens, dtype):
         assert cases.mismatches(got, want) == {name: 0 for name in want}, f"rank {rank}"
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("tokens", [1, 7, 128])
+@pytest.mark.parametrize("world", [2, 4])
+def test_quantized_patterns_bit_exact(world, tokens, dtype):
+    """Every quantizing pattern: codes and scale bytes (the padding included) as the numpy reference's, and the
+    residual and norm outputs too."""
+    hidden = 256
+
+    def body(rank, comm):
+        with fiar.create_allreduce_fusion_workspace("auto", world, rank, tokens, hidden, dtype, comm_backend=comm,
+                                                    platform="host", timeout_ms=20000) as ws:
+            return {p: cases.call_quant(ws, p, dtype, tokens, hidden, rank) for p in cases.quant_patterns(dtype)}
+
+    results = harness.run_threads(world, body)
+    for p in cases.quant_patterns(dtype):
+        want = cases.expected_quant(p, dtype, tokens, hidden, world)
+        for rank, got in enumerate(results):
+            assert not isinstance(got, BaseException), f"rank {rank}: {got!r}"
+            assert cases.mismatches(got[p], want) == {name: 0 for name in want}, f"rank {rank} pattern {p}"
+
+
 @pytest.mark.parametrize("dtype,hidden", [(np.float16, 8 * 32 * 33), (np.float32, 4 * 32 * 33)])
 def test_long_rows_bit_exact(dtype, hidden):
     """1056 vectors a row: 33 chunks of the canonical sum, so its partials wrap (chunk 32 adds into partial 0)."""
@@ -143,7 +164,7 @@ def test_processes_over_tcp(world):
     for r, report in enumerate(reports):
         assert report["returncode"] == 0 and report["error"] == "", report
         assert all(n == 0 for wrong in report["wrong"].values() for n in wrong.values()), report
-        assert len(report["wrong"]) == len(cases.PATTERNS)
+        assert len(report["wrong"]) == len(cases.PATTERNS) + len(cases.quant_patterns(np.float16))
 
 
 def test_bad_arguments_name_themselves():
