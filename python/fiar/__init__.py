@@ -163,9 +163,13 @@ class Workspace:
     """What create_allreduce_fusion_workspace returns: fiar's workspace of one backend and element type. A context
     manager (destroyed on exit)."""
 
-    def __init__(self, impl: Any, platform: str) -> None:
+    def __init__(self, impl: Any) -> None:
         self._impl = impl
-        self.platform = platform
+
+    @property
+    def platform(self) -> str:
+        """"cuda" or "host" (the host emulator)."""
+        return self._impl.platform
 
     @property
     def backend(self) -> str:
@@ -240,8 +244,25 @@ def create_allreduce_fusion_workspace(backend: str = "auto", world_size: int = N
     comm = _python_comm(comm_backend, group)
     impl = _fiar.Workspace(comm, str(backend), int(world_size), int(rank), int(max_token_num), int(hidden_dim),
                            _dtype_name(dtype), int(gpus_per_node or world_size), bool(force_oneshot_support),
-                           int(timeout_ms), bool(batch_invariant), 100)
-    return Workspace(impl, platform)
+                           int(timeout_ms), bool(batch_invariant), 100, platform)
+    return Workspace(impl)
+
+
+def _scalar_like(x: Any, value: float) -> Any:
+    """A one-element float32 tensor holding value, where x lives (a host array; a torch tensor on x's device)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        import torch
+        return torch.full((1,), value, dtype=torch.float32, device=x.device)
+    import numpy as np
+    return np.full((1,), value, dtype=np.float32)
+
+
+def _current_stream(x: Any) -> int:
+    """The CUDA stream a call on x's device joins: torch's current stream (0, the default stream, without torch)."""
+    if type(x).__module__.split(".")[0] == "torch" and x.is_cuda:
+        import torch
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    return 0
 
 
 def _empty_like(x: Any, rows: Optional[int] = None) -> Any:
@@ -340,10 +361,11 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
     else:
         args["scale_out"] = scale_out
     if scale_factor is not None:
-        if isinstance(scale_factor, (int, float)):
-            import numpy as np  # a float scale: fiar reads it from memory, as FlashInfer's kernel does
-            scale_factor = np.full((1,), float(scale_factor), dtype=np.float32)
+        if isinstance(scale_factor, (int, float)):  # fiar reads the scale from memory, as FlashInfer's kernel does
+            scale_factor = _scalar_like(input, float(scale_factor))
         args["scale"] = scale_factor
+    if workspace.platform == "cuda":
+        args["stream"] = _current_stream(input)
     workspace._impl.run(args)
     if norm_out is not None:
         return norm_out

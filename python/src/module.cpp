@@ -13,6 +13,10 @@
 
 #include <fiar/fiar.hpp>
 
+#if !defined(FIAR_PYTHON_CUDA)
+#define FIAR_PYTHON_CUDA 0
+#endif
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -110,7 +114,7 @@ bool is_kind(const nb::dlpack::dtype& d, Kind k) {
   return false;
 }
 
-using Array = nb::ndarray<nb::device::cpu>;  // host memory: the emulator's tensors (CUDA builds add their own kind)
+using Array = nb::ndarray<>;  // any DLPack tensor; its device is checked against the workspace's platform
 
 // The address of a tensor argument after checking its kind, its row count and width (when given), and that it is
 // C-contiguous (or, for `strided` ones, laid out as the caller checks itself). `name` is the Python argument's.
@@ -164,10 +168,19 @@ struct TypeTag {
   using type = T;
 };
 
-// The workspace of one element type on the host emulator.
+// The workspace of one element type on the host emulator, and (a CUDA build) on GPUs.
 template <class T>
 using HostWorkspace = fiar::AnyWorkspace<T, fiar::HostPlatform>;
-using AnyHost = std::variant<std::monostate, HostWorkspace<float>, HostWorkspace<__half>, HostWorkspace<__nv_bfloat16>>;
+#if FIAR_PYTHON_CUDA
+template <class T>
+using GpuWorkspace = fiar::AnyWorkspace<T, fiar::CudaPlatform>;
+using AnyWorkspaceOf =
+    std::variant<std::monostate, HostWorkspace<float>, HostWorkspace<__half>, HostWorkspace<__nv_bfloat16>,
+                 GpuWorkspace<float>, GpuWorkspace<__half>, GpuWorkspace<__nv_bfloat16>>;
+#else
+using AnyWorkspaceOf =
+    std::variant<std::monostate, HostWorkspace<float>, HostWorkspace<__half>, HostWorkspace<__nv_bfloat16>>;
+#endif
 
 Kind kind_of_dtype(const std::string& dtype) {
   if (dtype == "float32") return Kind::F32;
@@ -180,6 +193,7 @@ Kind kind_of_dtype(const std::string& dtype) {
 struct CallArgs {
   int pattern = 0;
   int strategy = 0;
+  std::uintptr_t stream = 0;  ///< CUDA: the stream to launch on (torch's current stream; 0: the default stream)
   std::optional<Array> input, output, residual_in, residual_out, gamma, gamma_pre, norm_out, quant_out, scale,
       scale_out, block_scale_out, expanded_idx, expert_scale, shared_expert_out;
   float eps = 1e-6f, weight_bias = 0.0f, routed_scaling_factor = 1.0f;
@@ -204,8 +218,8 @@ class Workspace {
  public:
   Workspace(nb::object comm, const std::string& backend, int world_size, int rank, int max_token_num, int hidden_dim,
             const std::string& dtype, int gpus_per_node, bool force_oneshot, int timeout_ms, bool batch_invariant,
-            int arch)
-      : kind_(kind_of_dtype(dtype)), hidden_(hidden_dim) {
+            int arch, const std::string& platform)
+      : kind_(kind_of_dtype(dtype)), hidden_(hidden_dim), world_size_(world_size), cuda_(platform == "cuda") {
     fiar::WorkspaceConfig cfg;
     cfg.max_token_num = max_token_num;
     cfg.hidden_dim = hidden_dim;
@@ -237,6 +251,9 @@ class Workspace {
     nb::gil_scoped_release release;
     create(requested, topo, cfg);
   }
+
+  [[nodiscard]] std::string platform() const { return cuda_ ? "cuda" : "host"; }
+  [[nodiscard]] int device() const { return device_; }
 
   [[nodiscard]] std::string backend() const {
     return visit([](const auto& ws) { return std::string(fiar::to_string(ws.backend())); });
@@ -286,13 +303,19 @@ class Workspace {
     c.layout = value("layout", 0);
     c.group_size = value("group_size", 128);
     c.group_scale = value("group_scale", 0);
+    c.stream = value("stream", std::uintptr_t{0});
     auto tensor = [&](const char* key, const char* name, std::optional<Array>& into) {
       if (!d.contains(key) || d[key].is_none()) return;
       Array a;
-      if (!nb::try_cast<Array>(d[key], a, /*convert=*/false)) {
-        throw nb::type_error((std::string(name) +
-                              " must be a host tensor (numpy, or torch on the CPU: the host "
-                              "platform) supporting DLPack; got " +
+      const bool cast = nb::try_cast<Array>(d[key], a, /*convert=*/false);
+      const bool on_device = cast && (cuda_ ? a.device_type() == nb::device::cuda::value && a.device_id() == device_
+                                            : a.device_type() == nb::device::cpu::value);
+      if (!on_device) {
+        const std::string want = cuda_ ? "a CUDA tensor on device " + std::to_string(device_) +
+                                             " (platform='cuda': the workspace's GPU) supporting DLPack"
+                                       : "a host tensor (numpy, or torch on the CPU: the host platform) supporting "
+                                         "DLPack";
+        throw nb::type_error((std::string(name) + " must be " + want + "; got " +
                               nb::cast<std::string>(nb::str(nb::handle(d[key]).type())))
                                  .c_str());
       }
@@ -317,8 +340,7 @@ class Workspace {
           if constexpr (std::is_same_v<std::decay_t<decltype(ws)>, std::monostate>) {
             throw std::logic_error("fiar: the workspace was destroyed. Fix: create another one.");
           } else {
-            using T = typename std::decay_t<decltype(ws)>::value_type;
-            run_typed<T>(ws, c);
+            run_typed(ws, c);
           }
         },
         ws_);
@@ -328,11 +350,25 @@ class Workspace {
   void create(fiar::Backend requested, const fiar::Topology& topo, const fiar::WorkspaceConfig& cfg) {
     auto make = [&](auto tag, auto& boot) {
       using T = typename decltype(tag)::type;
+#if FIAR_PYTHON_CUDA
+      if (cuda_) {
+        // The calling thread's current device (torch.cuda.set_device) is the rank's GPU; the group discovers its
+        // topology together (collective).
+        fiar::detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice", "a CUDA device is visible here");
+        const fiar::Topology found = fiar::discover_topology(boot);
+        ws_ = fiar::make_workspace<T, fiar::CudaPlatform>(boot, found, cfg, requested, fiar::CudaPlatformOptions{});
+        return;
+      }
+#endif
       ws_ = fiar::make_workspace<T, fiar::HostPlatform>(boot, topo, cfg, requested, fiar::HostPlatformOptions{});
     };
     auto with_boot = [&](auto tag) {
       if (boot_) {
         make(tag, *boot_);
+      } else if (world_size_ == 1) {  // a group of one needs no rendezvous
+        fiar::InProcessGroup group(1);
+        auto alone = group.bootstrap(0);
+        make(tag, alone);
       } else {
         fiar::TcpBootstrap tcp(fiar::TcpBootstrapOptions::from_environment(cfg.timeout));
         make(tag, tcp);
@@ -346,8 +382,9 @@ class Workspace {
     }
   }
 
-  template <class T>
-  void run_typed(HostWorkspace<T>& ws, const CallArgs& c) {
+  template <class W>
+  void run_typed(W& ws, const CallArgs& c) {
+    using T = typename W::value_type;
     const fiar::Pattern p = static_cast<fiar::Pattern>(c.pattern);
     if (!fiar::is_valid(p)) throw nb::value_error(("pattern value " + std::to_string(c.pattern)).c_str());
     const fiar::PatternTraits& traits = fiar::pattern_traits(p);
@@ -395,10 +432,11 @@ class Workspace {
       a.routed_scaling_factor = c.routed_scaling_factor;
     }
     const auto strategy = static_cast<fiar::Strategy>(c.strategy);
+    const auto stream = reinterpret_cast<cudaStream_t>(c.stream);
     nb::gil_scoped_release release;  // the call waits for the other ranks on the emulator
     switch (p) {
 #define FIAR_PY_CASE(unused, P) \
-  case fiar::Pattern::P: ws.template run<fiar::Pattern::P>(a, nullptr, strategy); break;
+  case fiar::Pattern::P: ws.template run<fiar::Pattern::P>(a, stream, strategy); break;
       FIAR_FOR_EACH_PATTERN(FIAR_PY_CASE, _)
 #undef FIAR_PY_CASE
     }
@@ -406,8 +444,11 @@ class Workspace {
 
   Kind kind_;
   int hidden_;
+  int world_size_;
+  bool cuda_;
+  int device_ = -1;  ///< CUDA: the GPU the workspace was created on
   std::unique_ptr<PythonBootstrap> boot_;
-  AnyHost ws_;
+  AnyWorkspaceOf ws_;
 };
 
 }  // namespace
@@ -415,16 +456,18 @@ class Workspace {
 NB_MODULE(_fiar, m) {
   m.doc() = "fiar's extension: use the fiar package (import fiar), not this module";
   m.attr("version") = fiar::version_string;
-  m.attr("cuda") = false;
+  m.attr("cuda") = static_cast<bool>(FIAR_PYTHON_CUDA);
   nb::exception<fiar::timeout_error>(m, "TimeoutError", PyExc_TimeoutError);
   nb::exception<fiar::mismatch_error>(m, "MismatchError", PyExc_RuntimeError);
 
   nb::class_<Workspace>(m, "Workspace")
-      .def(
-          nb::init<nb::object, const std::string&, int, int, int, int, const std::string&, int, bool, int, bool, int>(),
-          nb::arg("comm").none(), nb::arg("backend"), nb::arg("world_size"), nb::arg("rank"), nb::arg("max_token_num"),
-          nb::arg("hidden_dim"), nb::arg("dtype"), nb::arg("gpus_per_node"), nb::arg("force_oneshot"),
-          nb::arg("timeout_ms"), nb::arg("batch_invariant"), nb::arg("arch"))
+      .def(nb::init<nb::object, const std::string&, int, int, int, int, const std::string&, int, bool, int, bool, int,
+                    const std::string&>(),
+           nb::arg("comm").none(), nb::arg("backend"), nb::arg("world_size"), nb::arg("rank"), nb::arg("max_token_num"),
+           nb::arg("hidden_dim"), nb::arg("dtype"), nb::arg("gpus_per_node"), nb::arg("force_oneshot"),
+           nb::arg("timeout_ms"), nb::arg("batch_invariant"), nb::arg("arch"), nb::arg("platform"))
+      .def_prop_ro("platform", &Workspace::platform)
+      .def_prop_ro("device", &Workspace::device)
       .def_prop_ro("backend", &Workspace::backend)
       .def_prop_ro("world_size", &Workspace::world_size)
       .def_prop_ro("rank", &Workspace::rank)

@@ -271,3 +271,11 @@ def test_missing_outputs_are_allocated():
                                                                  world)) == {"output": 0}
         want = cases.expected(P.kARResidualRMSNorm, dtype, tokens, hidden, world)["norm_out"]
         assert cases.mismatches({"norm_out": norm}, {"norm_out": want}) == {"norm_out": 0}
+
+
+def test_a_group_of_one_needs_no_rendezvous():
+    """world_size 1 without comm_backend: no TCP bootstrap (no launcher variables needed); the sum is the input."""
+    with fiar.create_allreduce_fusion_workspace("auto", 1, 0, 4, 64, np.float32, platform="host") as ws:
+        x = ref.inputs(np.float32, 3, 64, 0)
+        assert ws.platform == "host" and ws.world_size == 1
+        assert (fiar.allreduce_fusion(x, ws, P.kAllReduce) == x).all()
