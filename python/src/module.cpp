@@ -161,6 +161,60 @@ void* checked(const std::optional<Array>& a, const char* name, const TensorSpec&
   return t.data();
 }
 
+// The block-scale tensor (scale_out of NVFP4, MXFP8 and the per-token-group FP8 patterns), whose bytes fiar writes
+// without knowing its size: its element type, and that its storage holds every byte of the pattern's layout (group
+// scales: FlashInfer's strided [tokens, C] with strides (1, round_up(tokens, 4)), 4-byte elements). Settings fiar
+// rejects itself (a group size, a layout) are left to its message.
+void* checked_block_scales(const std::optional<Array>& a, fiar::Quant quant, std::int64_t tokens, std::int64_t hidden,
+                           int group_size, int group_scale, int layout) {
+  if (!a) return nullptr;
+  const Array& t = *a;
+  const auto n = static_cast<int>(tokens), h = static_cast<int>(hidden);
+  if (quant == fiar::Quant::Fp8Group) {
+    const bool packed = group_scale == static_cast<int>(fiar::GroupScale::Ue8m0Packed);
+    if (!is_kind(t.dtype(), packed ? Kind::I32 : Kind::F32)) {
+      throw nb::type_error(packed ? "scale_out must be an int32 tensor (4 packed UE8M0 scales each)"
+                                  : "scale_out must be a float32 tensor (the fp32 group scales)");
+    }
+    if (group_size <= 0 || hidden % group_size != 0 || !fiar::is_valid(static_cast<fiar::GroupScale>(group_scale))) {
+      return t.data();
+    }
+    const int cols = fiar::algo::fp8_group_scale_cols(h, group_size, static_cast<fiar::GroupScale>(group_scale));
+    const int rows = fiar::algo::fp8_group_scale_rows(n);
+    const bool shape =
+        t.ndim() == 2 && static_cast<std::int64_t>(t.shape(0)) == tokens && static_cast<int>(t.shape(1)) == cols;
+    const bool strides = shape && (t.stride(0) == 1 || tokens == 1) && (t.stride(1) == rows || cols == 1);
+    if (!strides) {
+      throw nb::value_error(("scale_out must have shape (" + std::to_string(n) + ", " + std::to_string(cols) +
+                             ") and strides (1, " + std::to_string(rows) +
+                             ") in elements (torch.empty_strided((num_tokens, C), (1, round_up(num_tokens, 4))))")
+                                .c_str());
+    }
+    return t.data();
+  }
+  if (quant == fiar::Quant::Nvfp4 || quant == fiar::Quant::Mxfp8) {
+    if (!is_kind(t.dtype(), Kind::U8)) throw nb::type_error("scale_out must be an 8-bit tensor (uint8, float8)");
+    const auto l = static_cast<fiar::ScaleLayout>(layout);
+    if (!fiar::is_valid(l)) return t.data();
+    const std::size_t need =
+        quant == fiar::Quant::Nvfp4 ? fiar::algo::nvfp4_scale_bytes(n, h, l) : fiar::algo::mxfp8_scale_bytes(n, h, l);
+    bool contiguous = true;
+    std::size_t size = 1;
+    for (std::size_t d = t.ndim(); d-- > 0;) {
+      if (t.shape(d) > 1 && t.stride(d) != static_cast<std::int64_t>(size)) contiguous = false;
+      size *= t.shape(d);
+    }
+    if (!contiguous || size < need) {
+      throw nb::value_error(("scale_out holds " + std::to_string(size) + (contiguous ? "" : " non-contiguous") +
+                             " bytes; this call's block scales take " + std::to_string(need) +
+                             " contiguous bytes (the layout's padded rows and columns included)")
+                                .c_str());
+    }
+    return t.data();
+  }
+  return t.data();  // a pattern without block scales: fiar rejects the tensor as an output it does not write
+}
+
 // ---- workspaces ----
 
 template <class T>
@@ -404,18 +458,15 @@ class Workspace {
     a.out = static_cast<T*>(checked(c.output, "output", {k, tokens, h}));
     a.residual_in = static_cast<const T*>(checked(c.residual_in, "residual_in", {k, tokens, h}));
     a.residual_out = static_cast<T*>(checked(c.residual_out, "residual_out", {k, tokens, h}));
-    a.gamma = static_cast<const T*>(checked(c.gamma, "rms_gamma", {k, -1, 0}));
-    a.gamma_pre = static_cast<const T*>(checked(c.gamma_pre, "gamma_pre", {k, -1, 0}));
+    a.gamma = static_cast<const T*>(checked(c.gamma, "rms_gamma", {k, h, 0}));
+    a.gamma_pre = static_cast<const T*>(checked(c.gamma_pre, "gamma_pre", {k, h, 0}));
     a.norm_out = static_cast<T*>(checked(c.norm_out, "norm_out", {k, tokens, h}));
-    a.quant_out = checked(c.quant_out, "quant_out", {Kind::U8, tokens, -1});
+    // NVFP4 packs two codes a byte; the other quantizing patterns write one a byte.
+    a.quant_out = checked(c.quant_out, "quant_out", {Kind::U8, tokens, traits.quant == fiar::Quant::Nvfp4 ? h / 2 : h});
     a.scale = static_cast<const float*>(checked(c.scale, "scale_factor", {Kind::F32, 1, 0}));
     a.scale_out = static_cast<float*>(checked(c.scale_out, "scale_out", {Kind::F32, tokens, 0}));
-    a.block_scale_out = c.block_scale_out ? c.block_scale_out->data() : nullptr;  // its layout: fiar checks the size
-    if (c.block_scale_out &&
-        !(is_kind(c.block_scale_out->dtype(), Kind::U8) || is_kind(c.block_scale_out->dtype(), Kind::I32) ||
-          is_kind(c.block_scale_out->dtype(), Kind::F32))) {
-      throw nb::type_error("scale_out must be a uint8 / float8, int32 or float32 tensor for this pattern");
-    }
+    a.block_scale_out =
+        checked_block_scales(c.block_scale_out, traits.quant, tokens, h, c.group_size, c.group_scale, c.layout);
     a.eps = c.eps;
     a.weight_bias = c.weight_bias;
     a.layout = static_cast<fiar::ScaleLayout>(c.layout);

@@ -279,3 +279,27 @@ def test_a_group_of_one_needs_no_rendezvous():
         x = ref.inputs(np.float32, 3, 64, 0)
         assert ws.platform == "host" and ws.world_size == 1
         assert (fiar.allreduce_fusion(x, ws, P.kAllReduce) == x).all()
+
+
+def test_tensors_too_small_for_what_fiar_writes_are_refused():
+    """fiar writes quantized codes and block scales by pointer: a tensor smaller than its layout is refused first."""
+    ws = _one_rank(dtype=np.float16, max_token_num=4)
+    x = np.zeros((4, 64), np.float16)
+    norm = dict(residual_in=np.zeros_like(x), residual_out=np.zeros_like(x), rms_gamma=np.ones(64, np.float16))
+    with pytest.raises(ValueError, match=r"rms_gamma has shape \(32\); expected \(64\)"):
+        fiar.allreduce_fusion(x, ws, P.kARRMSNorm, rms_gamma=np.ones(32, np.float16))
+    with pytest.raises(ValueError, match=r"quant_out has shape \(4, 64\); expected \(4, 32\)"):  # NVFP4: 2 a byte
+        fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormFP4Quant, quant_out=np.zeros((4, 64), np.uint8),
+                              scale_out=np.zeros(512, np.uint8), scale_factor=1.0, **norm)
+    with pytest.raises(ValueError, match="scale_out holds 511 bytes; this call's block scales take 512"):
+        fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormFP4Quant, quant_out=np.zeros((4, 32), np.uint8),
+                              scale_out=np.zeros(511, np.uint8), scale_factor=1.0, **norm)
+    with pytest.raises(ValueError, match=r"scale_out must have shape \(4, 1\) and strides \(1, 4\)"):
+        fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormPerTokenGroupFP8PackedQuant,
+                              quant_out=np.zeros((4, 64), np.uint8), scale_out=np.zeros((4, 2), np.int32),
+                              block_quant_group_size=32, **norm)
+    with pytest.raises(TypeError, match="scale_out must be an int32 tensor"):
+        fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormPerTokenGroupFP8PackedQuant,
+                              quant_out=np.zeros((4, 64), np.uint8), scale_out=np.zeros((4, 1), np.float32),
+                              block_quant_group_size=32, **norm)
+    ws.destroy()
