@@ -117,12 +117,23 @@ bool is_kind(const nb::dlpack::dtype& d, Kind k) {
 using Array = nb::ndarray<>;  // any DLPack tensor; its device is checked against the workspace's platform
 
 // The address of a tensor argument after checking its kind, its row count and width (when given), and that it is
-// C-contiguous (or, for `strided` ones, laid out as the caller checks itself). `name` is the Python argument's.
+// row-major without gaps. `name` is the Python argument's.
 struct TensorSpec {
   Kind kind;
   std::int64_t rows = -1;  ///< -1: any
   std::int64_t cols = -1;  ///< -1: any; 0: a 1-D tensor of `rows` elements (or rows x 1)
 };
+
+// Whether t is row-major without gaps (a dimension of one element may have any stride); `elements`: how many it holds.
+bool row_major(const Array& t, std::size_t& elements) {
+  bool dense = true;
+  elements = 1;
+  for (std::size_t d = t.ndim(); d-- > 0;) {
+    if (t.shape(d) > 1 && t.stride(d) != static_cast<std::int64_t>(elements)) dense = false;
+    elements *= t.shape(d);
+  }
+  return dense;
+}
 
 void* checked(const std::optional<Array>& a, const char* name, const TensorSpec& spec) {
   if (!a) return nullptr;
@@ -154,10 +165,8 @@ void* checked(const std::optional<Array>& a, const char* name, const TensorSpec&
                            std::to_string(spec.rows) + (spec.cols > 0 ? ", " + std::to_string(spec.cols) : "") + ")")
                               .c_str());
   }
-  const bool contiguous = nd == 1 ? t.stride(0) == 1 || rows <= 1
-                                  : (t.stride(1) == 1 || t.shape(1) <= 1) &&
-                                        (t.stride(0) == static_cast<std::int64_t>(t.shape(1)) || t.shape(0) <= 1);
-  if (!contiguous) throw nb::value_error((std::string(name) + " must be contiguous (row-major)").c_str());
+  std::size_t elements = 0;
+  if (!row_major(t, elements)) throw nb::value_error((std::string(name) + " must be contiguous (row-major)").c_str());
   return t.data();
 }
 
@@ -198,12 +207,8 @@ void* checked_block_scales(const std::optional<Array>& a, fiar::Quant quant, std
     if (!fiar::is_valid(l)) return t.data();
     const std::size_t need =
         quant == fiar::Quant::Nvfp4 ? fiar::algo::nvfp4_scale_bytes(n, h, l) : fiar::algo::mxfp8_scale_bytes(n, h, l);
-    bool contiguous = true;
-    std::size_t size = 1;
-    for (std::size_t d = t.ndim(); d-- > 0;) {
-      if (t.shape(d) > 1 && t.stride(d) != static_cast<std::int64_t>(size)) contiguous = false;
-      size *= t.shape(d);
-    }
+    std::size_t size = 0;
+    const bool contiguous = row_major(t, size);
     if (!contiguous || size < need) {
       throw nb::value_error(("scale_out holds " + std::to_string(size) + (contiguous ? "" : " non-contiguous") +
                              " bytes; this call's block scales take " + std::to_string(need) +
@@ -216,11 +221,6 @@ void* checked_block_scales(const std::optional<Array>& a, fiar::Quant quant, std
 }
 
 // ---- workspaces ----
-
-template <class T>
-struct TypeTag {
-  using type = T;
-};
 
 // The workspace of one element type on the host emulator, and (a CUDA build) on GPUs.
 template <class T>
@@ -429,9 +429,9 @@ class Workspace {
       }
     };
     switch (kind_) {
-      case Kind::F32: with_boot(TypeTag<float>{}); break;
-      case Kind::F16: with_boot(TypeTag<__half>{}); break;
-      case Kind::BF16: with_boot(TypeTag<__nv_bfloat16>{}); break;
+      case Kind::F32: with_boot(std::type_identity<float>{}); break;
+      case Kind::F16: with_boot(std::type_identity<__half>{}); break;
+      case Kind::BF16: with_boot(std::type_identity<__nv_bfloat16>{}); break;
       default: throw std::logic_error("fiar: unreachable dtype");
     }
   }

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "prelude.hpp"
+#include "text.hpp"
 
 /// Calls X(args..., P) for every Pattern enumerator name (explicit instantiations are spelled with it).
 #define FIAR_FOR_EACH_PATTERN(X, ...)       \
@@ -257,8 +258,8 @@ constexpr Prologue epilogue_prologue() {
   }
 }
 
-/// Codes of user epilogues in a call digest (CallDigest::pattern): kUserEpilogueCode | 30 bits of the FNV-1a hash of
-/// E::name, never a Pattern value and never the Lamport sentinel word.
+/// Codes of user epilogues in a call digest (CallDigest::pattern): kUserEpilogueCode | the top 30 bits of E::name's
+/// FNV-1a hash (detail::fnv1a), never a Pattern value and never the Lamport sentinel word.
 inline constexpr std::uint32_t kUserEpilogueCode = 0x40000000u;
 
 /// The call digest's code of a kernel's epilogue argument: the Pattern's value, or a user epilogue's name hashed.
@@ -267,11 +268,7 @@ constexpr std::uint32_t epilogue_code() {
   if constexpr (is_pattern_v<E>) {
     return static_cast<std::uint32_t>(E);
   } else {
-    std::uint32_t h = 2166136261u;  // FNV-1a, 32 bits
-    for (const char* c = user_epilogue_t<E>::name; *c != '\0'; ++c) {
-      h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
-    }
-    return kUserEpilogueCode | (h >> 2);
+    return kUserEpilogueCode | static_cast<std::uint32_t>(detail::fnv1a(user_epilogue_t<E>::name) >> 34);
   }
 }
 
