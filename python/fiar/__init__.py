@@ -12,11 +12,14 @@ changing the import::
 
 Tensors are anything with ``__dlpack__`` (numpy arrays, torch tensors). ``platform="host"`` runs fiar's kernels on the
 host emulator (host tensors, no GPU); see the README's Python section for what is the same as FlashInfer and what
-differs.
+differs. When torch is importable, a call on torch tensors runs as the custom op ``torch.ops.fiar.allreduce_fusion``
+(fiar/_torch.py), which torch.compile and CUDA-graph capture see.
 """
 from __future__ import annotations
 
-import os as _os
+import importlib.util as _importlib_util
+import itertools as _itertools
+import weakref as _weakref
 from typing import Any, Optional
 
 from . import _fiar
@@ -107,7 +110,7 @@ _STRATEGIES = {"auto": 0, "oneshot": 1, "twoshot": 2, "multimem": 3, "nccl": 4}
 def _dtype_name(dtype: Any) -> str:
     """'float32', 'float16' or 'bfloat16' from a torch dtype, a numpy dtype or type, or a string."""
     text = str(getattr(dtype, "name", None) or dtype).lower()
-    for prefix in ("torch.", "<class 'numpy.", "numpy."):
+    for prefix in ("torch.", "<class 'numpy.", "numpy.", "<class 'ml_dtypes."):
         if text.startswith(prefix):
             text = text[len(prefix):]
     text = text.rstrip("'>")
@@ -159,12 +162,19 @@ class _TorchGroup:
         self._dist.barrier(group=self._group)
 
 
+# Every live Workspace by a number of its own: the torch op takes the workspace as that number.
+_WORKSPACES: "_weakref.WeakValueDictionary[int, Workspace]" = _weakref.WeakValueDictionary()
+_WORKSPACE_IDS = _itertools.count(1)
+
+
 class Workspace:
     """What create_allreduce_fusion_workspace returns: fiar's workspace of one backend and element type. A context
     manager (destroyed on exit)."""
 
     def __init__(self, impl: Any) -> None:
         self._impl = impl
+        self._id = next(_WORKSPACE_IDS)  # a plain int: torch.compile traces fiar.allreduce_fusion and guards on it
+        _WORKSPACES[self._id] = self
 
     @property
     def platform(self) -> str:
@@ -248,33 +258,45 @@ def create_allreduce_fusion_workspace(backend: str = "auto", world_size: int = N
     return Workspace(impl)
 
 
+# torch, when importable: the custom op (fiar/_torch.py) is registered with fiar's import.
+if _importlib_util.find_spec("torch") is not None:
+    import torch as _torch_module
+
+    from . import _torch as _torch_glue
+
+    def _run_by_id(workspace_id: int, args: dict) -> None:
+        """The torch op's call: the workspace registered under workspace_id."""
+        ws = _WORKSPACES.get(workspace_id)
+        if ws is None:
+            raise RuntimeError(f"fiar: workspace {workspace_id} no longer exists (it was garbage-collected). Fix: "
+                               "keep the fiar.Workspace alive while calls use it.")
+        ws._impl.run(args)
+
+    _torch_op = _torch_glue.register(_run_by_id)
+else:
+    _torch_module = _torch_op = None
+
+
+def _is_torch(x: Any) -> bool:
+    return _torch_module is not None and isinstance(x, _torch_module.Tensor)
+
+
 def _scalar_like(x: Any, value: float) -> Any:
     """A one-element float32 tensor holding value, where x lives (a host array; a torch tensor on x's device)."""
-    if type(x).__module__.split(".")[0] == "torch":
-        import torch
-        return torch.full((1,), value, dtype=torch.float32, device=x.device)
+    if _is_torch(x):
+        return _torch_module.full((1,), value, dtype=_torch_module.float32, device=x.device)
     import numpy as np
     return np.full((1,), value, dtype=np.float32)
 
 
-def _current_stream(x: Any) -> int:
-    """The CUDA stream a call on x's device joins: torch's current stream (0, the default stream, without torch)."""
-    if type(x).__module__.split(".")[0] == "torch" and x.is_cuda:
-        import torch
-        return int(torch.cuda.current_stream(x.device).cuda_stream)
-    return 0
-
-
 def _empty_like(x: Any, rows: Optional[int] = None) -> Any:
     """A new tensor of x's dtype on x's device (numpy or torch), of x's shape or `rows` rows of x's width."""
-    shape = tuple(x.shape) if rows is None else (int(rows),) + tuple(x.shape[1:])
-    module = type(x).__module__.split(".")[0]
-    if module == "numpy":
+    shape = tuple(x.shape) if rows is None else (rows,) + tuple(x.shape[1:])
+    if _is_torch(x):
+        return _torch_module.empty(shape, dtype=x.dtype, device=x.device)
+    if type(x).__module__.split(".")[0] == "numpy":
         import numpy as np
         return np.empty(shape, dtype=x.dtype)
-    if module == "torch":
-        import torch
-        return torch.empty(shape, dtype=x.dtype, device=x.device)
     raise TypeError(f"cannot allocate a missing output like a {type(x).__name__}: pass it")
 
 
@@ -364,9 +386,14 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
         if isinstance(scale_factor, (int, float)):  # fiar reads the scale from memory, as FlashInfer's kernel does
             scale_factor = _scalar_like(input, float(scale_factor))
         args["scale"] = scale_factor
-    if workspace.platform == "cuda":
-        args["stream"] = _current_stream(input)
-    workspace._impl.run(args)
+    # ml_dtypes' bfloat16 numpy arrays go as uint16 views (numpy's DLPack has no bfloat16), relabelled in C++.
+    views = [k for k, v in args.items() if type(v).__module__ == "numpy" and v.dtype.name == "bfloat16"]
+    if views:
+        args.update({k: args[k].view("uint16") for k in views}, bf16_views=views)
+    if _torch_op is not None and _is_torch(input):
+        _torch_glue.call(_torch_op, workspace._id, args)  # the op takes the caller's current stream on a GPU
+    else:
+        workspace._impl.run(args)  # a CUDA tensor that is not torch's: the default stream
     if norm_out is not None:
         return norm_out
     if quant_out is not None:

@@ -10,13 +10,18 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <fiar/fiar.hpp>
 
 #if !defined(FIAR_PYTHON_CUDA)
 #define FIAR_PYTHON_CUDA 0
 #endif
+#if !defined(FIAR_PYTHON_CUDA_HEADERS)
+#define FIAR_PYTHON_CUDA_HEADERS "toolkit"
+#endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +34,7 @@
 #include <type_traits>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace nb = nanobind;
 
@@ -358,6 +364,10 @@ class Workspace {
     c.group_size = value("group_size", 128);
     c.group_scale = value("group_scale", 0);
     c.stream = value("stream", std::uintptr_t{0});
+    // numpy arrays of ml_dtypes' bfloat16, which numpy cannot export through DLPack: the Python layer passes them as
+    // uint16 views and names their keys here; they are relabelled bfloat16 (the same bits).
+    std::vector<std::string> bf16_views;
+    if (d.contains("bf16_views")) bf16_views = nb::cast<std::vector<std::string>>(d["bf16_views"]);
     auto tensor = [&](const char* key, const char* name, std::optional<Array>& into) {
       if (!d.contains(key) || d[key].is_none()) return;
       Array a;
@@ -372,6 +382,17 @@ class Workspace {
         throw nb::type_error((std::string(name) + " must be " + want + "; got " +
                               nb::cast<std::string>(nb::str(nb::handle(d[key]).type())))
                                  .c_str());
+      }
+      if (std::find(bf16_views.begin(), bf16_views.end(), key) != bf16_views.end() &&
+          a.dtype() == nb::dtype<std::uint16_t>()) {
+        std::vector<std::size_t> shape(a.ndim());
+        std::vector<std::int64_t> strides(a.ndim());
+        for (std::size_t i = 0; i < a.ndim(); ++i) {
+          shape[i] = a.shape(i);
+          strides[i] = a.stride(i);
+        }
+        const nb::dlpack::dtype bf16{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+        a = Array(a.data(), a.ndim(), shape.data(), d[key], strides.data(), bf16, a.device_type(), a.device_id());
       }
       into = a;
     };
@@ -508,6 +529,8 @@ NB_MODULE(_fiar, m) {
   m.doc() = "fiar's extension: use the fiar package (import fiar), not this module";
   m.attr("version") = fiar::version_string;
   m.attr("cuda") = static_cast<bool>(FIAR_PYTHON_CUDA);
+  m.attr("nccl") = static_cast<bool>(FIAR_HAS_NCCL);  // the nccl backend and route on GPUs (CUDA builds with NCCL)
+  m.attr("cuda_headers") = FIAR_PYTHON_CUDA_HEADERS;  // where the build's CUDA headers came from: "wheels", "toolkit"
   nb::exception<fiar::timeout_error>(m, "TimeoutError", PyExc_TimeoutError);
   nb::exception<fiar::mismatch_error>(m, "MismatchError", PyExc_RuntimeError);
 

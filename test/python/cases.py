@@ -48,9 +48,15 @@ def quant_patterns(dtype):
     return [p for p, (kind, _, _) in QUANT.items() if kind != "nvfp4" or np.dtype(dtype).itemsize == 2]
 
 
-def call_quant(ws, pattern, dtype, tokens, hidden, rank):
+def _as(tensor, kw):
+    """kw with every numpy array passed through tensor() (torch.from_numpy: the same memory, as torch tensors)."""
+    return {k: tensor(v) if tensor is not None and isinstance(v, np.ndarray) else v for k, v in kw.items()}
+
+
+def call_quant(ws, pattern, dtype, tokens, hidden, rank, tensor=None):
     """Rank `rank`'s call of a quantizing pattern, every output buffer filled with 0xAA first (fiar writes every
-    byte); returns the outputs by name, scale tensors as their whole storage in bytes."""
+    byte); returns the outputs by name (numpy), scale tensors as their whole storage in bytes. tensor: what the
+    arrays are handed to fiar as (None: numpy; torch.from_numpy: torch tensors over the same memory)."""
     kind, with_norm, opt = QUANT[pattern]
     x = ref.inputs(dtype, tokens, hidden, rank)
     res = ref.residual(dtype, tokens, hidden)
@@ -81,8 +87,9 @@ def call_quant(ws, pattern, dtype, tokens, hidden, rank):
             fiar.QuantizationSFLayout.LINEAR
         if kind == "nvfp4":
             kw["scale_factor"] = np.array([GLOBAL_SCALE], dtype=np.float32)
-    returned = fiar.allreduce_fusion(x, ws, pattern, quant_out=quant, **outs, **kw)
-    assert returned is outs.get("norm_out", quant)
+    passed = _as(tensor, dict(outs, quant_out=quant, **kw))
+    returned = fiar.allreduce_fusion(_as(tensor, {"x": x})["x"], ws, pattern, **passed)
+    assert returned is passed.get("norm_out", passed["quant_out"])
     outs["quant_out"] = quant
     if storage is not None:
         outs["scales"] = storage.view(np.uint8).reshape(-1)
@@ -111,8 +118,8 @@ def expected_quant(pattern, dtype, tokens, hidden, world):
     return want
 
 
-def call_rank(ws, pattern, dtype, tokens, hidden, rank, strategy=None):
-    """Rank `rank`'s call; returns its outputs by name."""
+def call_rank(ws, pattern, dtype, tokens, hidden, rank, strategy=None, tensor=None):
+    """Rank `rank`'s call; returns its outputs by name (numpy). tensor: as call_quant's."""
     kw = {}
     if pattern in MOE:
         rows, idx, scale, shared = ref.moe_inputs(dtype, tokens, hidden, rank)
@@ -128,8 +135,12 @@ def call_rank(ws, pattern, dtype, tokens, hidden, rank, strategy=None):
         kw["residual_in"] = ref.residual(dtype, tokens, hidden)
     if pattern == P.kARResidualRMSNormPrePost:
         kw["gamma_pre"] = ref.weights(dtype, hidden, 2)
-    returned = fiar.allreduce_fusion(x, ws, pattern, strategy=strategy, **outs, **kw)
-    assert returned is outs.get("norm_out", outs.get("output"))
+    passed = _as(tensor, dict(outs, **kw))
+    returned = fiar.allreduce_fusion(_as(tensor, {"x": x})["x"], ws, pattern, strategy=strategy, **passed)
+    assert returned is passed.get("norm_out", passed.get("output"))
+    for name in outs:  # tensors elsewhere (a GPU's) come back; torch.from_numpy's are the arrays' own memory
+        if passed[name] is not outs[name] and hasattr(passed[name], "cpu"):
+            np.copyto(outs[name], passed[name].cpu().numpy())
     return outs
 
 

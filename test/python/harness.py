@@ -58,17 +58,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_processes(world, args, timeout=300):
-    """test/python/rank_main.py ARGS... as `world` processes with FIAR_RANK / FIAR_WORLD_SIZE / FIAR_MASTER_PORT; returns
-    each rank's JSON report (its last stdout line) and exit status."""
+def run_processes(world, args, timeout=300, script="rank_main.py", launcher="fiar"):
+    """test/python/SCRIPT ARGS... as `world` processes with the launcher's variables (fiar: FIAR_RANK /
+    FIAR_WORLD_SIZE / FIAR_MASTER_PORT; torchrun: RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT); returns each rank's
+    JSON report (its last stdout line) and exit status."""
     port = free_port()
     procs = []
     for r in range(world):
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("FIAR_", "OMPI_", "PMI_", "SLURM_"))
                and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(FIAR_RANK=str(r), FIAR_WORLD_SIZE=str(world), FIAR_MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "rank_main.py")] + list(args), env=env,
+        if launcher == "torchrun":
+            env.update(RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        else:
+            env.update(FIAR_RANK=str(r), FIAR_WORLD_SIZE=str(world), FIAR_MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, script)] + list(args), env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     reports = []
     for p in procs:

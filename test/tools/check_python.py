@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """fiar's Python package, as a user installs it: a virtual environment (reused while the package's sources are
-unchanged), `FIAR_PYTHON_CUDA=0 pip install .` from the checkout, then its tests (test/python, pytest).
+unchanged) with numpy, pytest, ml_dtypes and torch, `FIAR_PYTHON_CUDA=0 pip install .` from the checkout (build
+isolation: pip fetches the build's packages, NVIDIA's CUDA header wheels among them, so the toolkit is not used), then
+its tests (test/python, pytest; test_torch.py needs torch, test_cuda.py is the GPU's and is left out).
 
   check_python.py SOURCE_ROOT VENV_DIR
 
-Exit 77 (meson: SKIP) when pip cannot get the build's packages (no network, no index): the reason is printed.
+Exit 77 (meson: SKIP) when pip cannot get the packages (no network, no index), or when torch could not be installed
+(FIAR_PYTHON_TORCH=0 skips it: about 2.5 GB) and everything else passed: the reason is printed.
 """
 import os
 import shutil
@@ -18,7 +21,7 @@ import venv
 ROOT, VENV = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 PY = os.path.join(VENV, "bin", "python")
 STAMP = os.path.join(VENV, "fiar-installed.stamp")
-BUILD_DEPS = ["scikit-build-core>=0.10", "nanobind>=2.4", "numpy", "pytest"]
+TEST_DEPS = ["numpy", "pytest", "ml_dtypes"]
 
 
 def newest_source():
@@ -52,22 +55,47 @@ if not os.path.exists(PY):
         shutil.rmtree(VENV, ignore_errors=True)
         skip(f"cannot create a virtual environment with pip ({e}): apt-get install python3-venv")
 if not os.path.exists(os.path.join(VENV, "deps.stamp")):
-    p = run([PY, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + BUILD_DEPS, capture_output=True,
+    p = run([PY, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + TEST_DEPS, capture_output=True,
             text=True)
     if p.returncode != 0:
         print(p.stdout + p.stderr)
-        skip("pip could not install the package's build dependencies (" + ", ".join(BUILD_DEPS) +
+        skip("pip could not install the tests' packages (" + ", ".join(TEST_DEPS) +
              "): no package index reachable from here?")
     open(os.path.join(VENV, "deps.stamp"), "w").close()
+no_torch = ""
+if os.environ.get("FIAR_PYTHON_TORCH") == "0":
+    no_torch = "FIAR_PYTHON_TORCH=0"
+elif not os.path.exists(os.path.join(VENV, "torch.stamp")):
+    p = run([PY, "-m", "pip", "install", "-q", "--disable-pip-version-check", "torch"], capture_output=True, text=True)
+    if p.returncode != 0:
+        print(p.stdout[-5000:] + p.stderr[-5000:])
+        no_torch = "pip could not install torch"
+    else:
+        open(os.path.join(VENV, "torch.stamp"), "w").close()
 if not os.path.exists(STAMP) or os.path.getmtime(STAMP) < newest_source():
-    env = dict(os.environ, FIAR_PYTHON_CUDA="0")
-    p = run([PY, "-m", "pip", "install", "--disable-pip-version-check", "--no-build-isolation", "--force-reinstall",
-             "--no-deps", ROOT], env=env, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("FIAR_CUDA_HEADERS", "CUDACXX")}
+    env["FIAR_PYTHON_CUDA"] = "0"
+    p = run([PY, "-m", "pip", "install", "--disable-pip-version-check", "--force-reinstall", "--no-deps", ROOT],
+            env=env, capture_output=True, text=True)
     if p.returncode != 0:
         print(p.stdout[-20000:] + p.stderr[-20000:])
+        if "Could not find a version" in p.stderr or "No matching distribution" in p.stderr:
+            skip("pip could not fetch the package's build dependencies: no package index reachable from here?")
         print("FAIL: FIAR_PYTHON_CUDA=0 pip install . failed")
         sys.exit(1)
     open(STAMP, "w").close()
+# The emulator build needs a C++20 compiler alone: its CUDA headers came from NVIDIA's wheels, not the toolkit.
+p = run([PY, "-c", "import fiar._fiar as f; print(f.cuda, f.cuda_headers)"], capture_output=True, text=True, cwd=VENV)
+if p.stdout.split() != ["False", "wheels"]:
+    print(p.stdout + p.stderr)
+    print("FAIL: the FIAR_PYTHON_CUDA=0 build should take its CUDA headers from NVIDIA's wheels (python/build_backend)")
+    sys.exit(1)
 print(f"check_python: package installed ({time.monotonic() - started:.0f} s)", flush=True)
-p = run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "test", "python")], cwd=VENV)
+# test_cuda.py is the GPU's (scripts/gpu-check runs it); test_torch.py needs torch.
+tests = os.path.join(ROOT, "test", "python")
+ignored = ["test_cuda.py"] + (["test_torch.py"] if no_torch else [])
+p = run([PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", tests] +
+        [a for name in ignored for a in ("--ignore", os.path.join(tests, name))], cwd=VENV)
+if p.returncode == 0 and no_torch:
+    skip(f"every test but test_torch.py passed; the torch tests did not run: {no_torch}")
 sys.exit(p.returncode)
