@@ -56,12 +56,17 @@ def register(run: Callable[[int, dict], None]) -> Any:
     return torch.ops.fiar.allreduce_fusion
 
 
+def op_args(workspace_id: int, args: dict) -> tuple:
+    """The op's positional arguments for fiar/__init__.py's dict of one call's arguments."""
+    block_scales = "block_scale_out" in args
+    return (workspace_id, args["pattern"], args["strategy"], block_scales, args["input"], args["output"],
+            args["residual_out"], args["norm_out"], args["quant_out"],
+            args["block_scale_out"] if block_scales else args.get("scale_out"), args["residual_in"], args["gamma"],
+            args["gamma_pre"], args.get("scale"), args["expanded_idx"], args["expert_scale"],
+            args["shared_expert_out"], args["eps"], args["weight_bias"], args["layout"], args.get("group_size", 128),
+            args["group_scale"], args["routed_scaling_factor"])
+
+
 def call(op: Any, workspace_id: int, args: dict) -> None:
     """The op on fiar/__init__.py's dict of one call's arguments."""
-    block_scales = "block_scale_out" in args
-    op(workspace_id, args["pattern"], args["strategy"], block_scales, args["input"], args["output"],
-       args["residual_out"], args["norm_out"], args["quant_out"],
-       args["block_scale_out"] if block_scales else args.get("scale_out"), args["residual_in"], args["gamma"],
-       args["gamma_pre"], args.get("scale"), args["expanded_idx"], args["expert_scale"], args["shared_expert_out"],
-       args["eps"], args["weight_bias"], args["layout"], args.get("group_size", 128), args["group_scale"],
-       args["routed_scaling_factor"])
+    op(*op_args(workspace_id, args))

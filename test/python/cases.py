@@ -167,6 +167,16 @@ def expected(pattern, dtype, tokens, hidden, world):
     return {"residual_out": y, "norm_out": ref.rmsnorm(y, gamma, EPS, WEIGHT_BIAS)}
 
 
+def wrong_bits(ws, dtype, tokens, hidden, rank, world, tensor=None):
+    """Rank `rank` of `world` calls every pattern of the reference, the quantizing ones too, on ws; returns each
+    pattern's differing elements per output ({str(pattern): {output: count}}). tensor: as call_quant's."""
+    wrong = {str(p): mismatches(call_rank(ws, p, dtype, tokens, hidden, rank, tensor=tensor),
+                                expected(p, dtype, tokens, hidden, world)) for p in PATTERNS}
+    wrong.update({str(p): mismatches(call_quant(ws, p, dtype, tokens, hidden, rank, tensor=tensor),
+                                     expected_quant(p, dtype, tokens, hidden, world)) for p in quant_patterns(dtype)})
+    return wrong
+
+
 def mismatches(got, want):
     """Elements whose bits differ, per output."""
     return {name: int(np.count_nonzero(got[name].view(np.uint8).reshape(got[name].shape + (-1,)) !=

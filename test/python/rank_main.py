@@ -21,14 +21,7 @@ try:
     with fiar.create_allreduce_fusion_workspace(backend, world, rank, tokens, hidden, dtype, platform="host",
                                                 timeout_ms=20000) as ws:
         report["backend"] = ws.backend
-        for pattern in cases.PATTERNS:
-            got = cases.call_rank(ws, pattern, dtype, tokens, hidden, rank)
-            report["wrong"][str(pattern)] = cases.mismatches(got, cases.expected(pattern, dtype, tokens, hidden,
-                                                                                 world))
-        for pattern in cases.quant_patterns(dtype):
-            got = cases.call_quant(ws, pattern, dtype, tokens, hidden, rank)
-            report["wrong"][str(pattern)] = cases.mismatches(got, cases.expected_quant(pattern, dtype, tokens,
-                                                                                       hidden, world))
+        report["wrong"] = cases.wrong_bits(ws, dtype, tokens, hidden, rank, world)
         ws.check()
 except Exception as e:  # noqa: BLE001 - reported to the test
     report["error"] = f"{type(e).__name__}: {e}"

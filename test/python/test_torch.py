@@ -26,14 +26,13 @@ def _alone(dtype=torch.float16, tokens=8, hidden=256):
 
 
 def _op_args(ws, pattern, x, **kw):
-    """The op's positional arguments (fiar/_torch.py's order) for a call on x."""
-    a = dict(output=None, residual_out=None, norm_out=None, quant_out=None, scale_out=None, residual_in=None,
-             gamma=None, gamma_pre=None, scale=None, expanded_idx=None, expert_scale=None, shared_expert_out=None)
-    a.update(kw)
-    block = a.pop("block_scales", False)
-    return (ws._id, pattern, 0, block, x, a["output"], a["residual_out"], a["norm_out"], a["quant_out"],
-            a["scale_out"], a["residual_in"], a["gamma"], a["gamma_pre"], a["scale"], a["expanded_idx"],
-            a["expert_scale"], a["shared_expert_out"], cases.EPS, 0.0, a.get("layout", 0), cases.GROUP, 0, 1.0)
+    """The op's positional arguments for a call on x (fiar's pattern value; kw: the argument dict's tensors)."""
+    args = dict(pattern=pattern, strategy=0, input=x, output=None, residual_out=None, norm_out=None, quant_out=None,
+                residual_in=None, gamma=None, gamma_pre=None, expanded_idx=None, expert_scale=None,
+                shared_expert_out=None, eps=cases.EPS, weight_bias=0.0, layout=0, group_size=cases.GROUP,
+                group_scale=0, routed_scaling_factor=1.0)
+    args.update(kw)
+    return fiar._torch_glue.op_args(ws._id, args)
 
 
 def test_the_op_is_registered_and_passes_opcheck():
@@ -57,7 +56,7 @@ def test_the_op_is_registered_and_passes_opcheck():
                             quant_out=torch.empty(tokens, hidden, dtype=torch.uint8), scale=torch.full((1,), 0.05)),
             "nvfp4": _op_args(ws, 4, x, residual_in=res, residual_out=torch.empty_like(x), gamma=g,
                               quant_out=torch.empty(tokens, hidden // 2, dtype=torch.uint8), scale=torch.ones(1),
-                              scale_out=torch.empty(128 * 16, dtype=torch.uint8), block_scales=True),
+                              block_scale_out=torch.empty(128 * 16, dtype=torch.uint8)),
             "moe": _op_args(ws, 9, rows, output=torch.empty_like(x), expanded_idx=idx, expert_scale=scale,
                             shared_expert_out=shared),
         }
@@ -74,17 +73,12 @@ def test_torch_tensors_bit_exact(world):
     def body(rank, comm):
         with fiar.create_allreduce_fusion_workspace("auto", world, rank, tokens, hidden, torch.float16,
                                                     comm_backend=comm, platform="host", timeout_ms=20000) as ws:
-            out = {p: cases.call_rank(ws, p, dtype, tokens, hidden, rank, tensor=torch.from_numpy)
-                   for p in cases.PATTERNS}
-            out.update({p: cases.call_quant(ws, p, dtype, tokens, hidden, rank, tensor=torch.from_numpy)
-                        for p in cases.quant_patterns(dtype)})
-            return out
+            return cases.wrong_bits(ws, dtype, tokens, hidden, rank, world, tensor=torch.from_numpy)
 
-    for rank, got in enumerate(harness.run_threads(world, body)):
-        assert not isinstance(got, BaseException), f"rank {rank}: {got!r}"
-        for p, outs in got.items():
-            want = (cases.expected_quant if p in cases.QUANT else cases.expected)(p, dtype, tokens, hidden, world)
-            assert cases.mismatches(outs, want) == {name: 0 for name in want}, f"rank {rank} pattern {p}"
+    for rank, wrong in enumerate(harness.run_threads(world, body)):
+        assert not isinstance(wrong, BaseException), f"rank {rank}: {wrong!r}"
+        assert len(wrong) == len(cases.PATTERNS) + len(cases.quant_patterns(dtype))
+        assert all(n == 0 for w in wrong.values() for n in w.values()), f"rank {rank}: {wrong}"
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -86,7 +86,9 @@ elif not os.path.exists(os.path.join(VENV, "torch.stamp")):
         open(os.path.join(VENV, "torch.stamp"), "w").close()
 if not os.path.exists(STAMP) or os.path.getmtime(STAMP) < newest_source():
     env = {k: v for k, v in os.environ.items() if k not in ("FIAR_CUDA_HEADERS", "FIAR_PYTHON_NCCL")}
-    env.update(FIAR_PYTHON_CUDA="1", FIAR_CUDA_ARCHITECTURES="90a") if CUDA else env.update(FIAR_PYTHON_CUDA="0")
+    env["FIAR_PYTHON_CUDA"] = "1" if CUDA else "0"
+    if CUDA:
+        env["FIAR_CUDA_ARCHITECTURES"] = "90a"
     p = run([PY, "-m", "pip", "install", "--disable-pip-version-check", "--force-reinstall", "--no-deps", ROOT],
             env=env, capture_output=True, text=True)
     if p.returncode != 0:
@@ -102,7 +104,7 @@ p = run([PY, "-c", "import fiar._fiar as f; print(f.cuda, f.cuda_headers, f.nccl
         cwd=VENV)
 if p.stdout.split()[:2] != (["True", "toolkit"] if CUDA else ["False", "wheels"]):
     print(p.stdout + p.stderr)
-    print("FAIL: the CUDA build takes the toolkit's headers, the emulator build NVIDIA's wheels' (python/build_backend)")
+    print("FAIL: the CUDA build takes the toolkit's headers, the emulator build NVIDIA's wheels' (build_backend)")
     sys.exit(1)
 print("check_python: fiar._fiar.cuda, .cuda_headers, .nccl = " + " ".join(p.stdout.split()), flush=True)
 print(f"check_python: package installed ({time.monotonic() - started:.0f} s)", flush=True)
