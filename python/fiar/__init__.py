@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """fiar: fused all-reduce for tensor-parallel LLM inference, with flashinfer.comm's names and codes.
 
-An engine that calls ``flashinfer.comm.create_allreduce_fusion_workspace`` and ``allreduce_fusion`` switches by
-changing the import::
+An engine that calls ``flashinfer.comm.create_allreduce_fusion_workspace`` and ``allreduce_fusion`` (or the legacy
+``trtllm_create_ipc_workspace_for_all_reduce_fusion`` and ``trtllm_allreduce_fusion``) switches by changing the
+import (``from fiar.mnnvl import TorchDistBackend`` for ``flashinfer.comm.mnnvl``'s)::
 
     import fiar as comm          # was: import flashinfer.comm as comm
     ws = comm.create_allreduce_fusion_workspace("auto", world_size, rank, max_token_num, hidden_dim, dtype,
@@ -29,10 +30,16 @@ __all__ = [
     "AllReduceFusionPattern",
     "QuantizationSFLayout",
     "Workspace",
+    "AllReduceFusionWorkspace",
+    "TRTLLMAllReduceFusionWorkspace",
+    "MNNVLAllReduceFusionWorkspace",
     "TimeoutError",
     "MismatchError",
     "create_allreduce_fusion_workspace",
     "allreduce_fusion",
+    "trtllm_create_ipc_workspace_for_all_reduce_fusion",
+    "trtllm_destroy_ipc_workspace_for_all_reduce_fusion",
+    "trtllm_allreduce_fusion",
     "__version__",
 ]
 
@@ -69,7 +76,8 @@ class AllReduceFusionPattern:
 
 
 class QuantizationSFLayout:
-    """flashinfer.comm's block-scale layouts (NVFP4, MXFP8); fiar has no 8x4 swizzle."""
+    """flashinfer.comm's block-scale layouts (NVFP4, MXFP8). fiar has no 8x4 swizzle: a call that writes block scales
+    refuses it (FlashInfer's fusion kernels write no scales for it); other patterns ignore layout_code."""
 
     SWIZZLED_128x4 = 0
     SWIZZLED_8x4 = 1
@@ -102,6 +110,16 @@ _PATTERNS = {
     _P.kMoEFinalizeAllReduce: (_MOE_ALLREDUCE, False, 0),
 }
 _QUANTIZED = {_FP8, _FP8_DYNAMIC, _NVFP4, _FP8_GROUP, _MXFP8}
+_LAYOUT_CODES = {QuantizationSFLayout.SWIZZLED_128x4: 0, QuantizationSFLayout.LINEAR: 1}  # -> fiar's ScaleLayout
+# The call's dict keys (module.cpp's CallArgs) -> fiar's FusedArgs names (fiar._fiar.tensor_uses' keys).
+_FUSED_NAMES = {"input": "in", "output": "out", "residual_in": "residual_in", "residual_out": "residual_out",
+                "gamma": "gamma", "gamma_pre": "gamma_pre", "norm_out": "norm_out", "quant_out": "quant_out",
+                "scale": "scale", "scale_out": "scale_out", "block_scale_out": "block_scale_out",
+                "expanded_idx": "expanded_idx_to_permuted_idx", "expert_scale": "expert_scale",
+                "shared_expert_out": "shared_expert_out"}
+_USES = {p: _fiar.tensor_uses(p) for p, _, _ in _PATTERNS.values()}
+# FlashInfer's moe_finalize_backend values (its default "trtllm"): fiar has one finalize, which serves them all.
+_MOE_FINALIZE_BACKENDS = (None, "trtllm", "cake", "fiar")
 _RESIDUAL = {_RESIDUAL_RMSNORM, _FP8, _FP8_DYNAMIC, _NVFP4, _PREPOST, _FP8_GROUP, _MXFP8, _MOE_RESIDUAL_RMSNORM}
 # fiar's Strategy values (core/strategy.hpp).
 _STRATEGIES = {"auto": 0, "oneshot": 1, "twoshot": 2, "multimem": 3, "nccl": 4}
@@ -137,29 +155,9 @@ def _python_comm(comm_backend: Any, group: Any) -> Any:
     if group is not None or (dist is not None and dist.is_available() and dist.is_initialized()):
         if dist is None:
             raise TypeError("group is a torch.distributed process group, but torch is not importable")
-        return _TorchGroup(dist, group)
+        from .mnnvl import TorchDistBackend
+        return TorchDistBackend(group)
     return None
-
-
-class _TorchGroup:
-    """CommBackend over a torch.distributed group (every exchange over it, never over WORLD unless it is WORLD)."""
-
-    def __init__(self, dist: Any, group: Any) -> None:
-        self._dist, self._group = dist, group
-
-    def Get_rank(self) -> int:  # noqa: N802 - FlashInfer's names
-        return self._dist.get_rank(self._group)
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self._dist.get_world_size(self._group)
-
-    def allgather(self, data: Any) -> list:
-        out = [None] * self.Get_size()
-        self._dist.all_gather_object(out, data, group=self._group)
-        return out
-
-    def barrier(self) -> None:
-        self._dist.barrier(group=self._group)
 
 
 # Every live Workspace by a number of its own: the torch op takes the workspace as that number.
@@ -226,6 +224,72 @@ class Workspace:
     def __exit__(self, *exc: Any) -> None:
         self.destroy()
 
+    @classmethod
+    def _wrap(cls, impl: Any) -> "Workspace":
+        """The workspace of the class that names impl's backend (FlashInfer's class names for trtllm and mnnvl)."""
+        kind = {"trtllm": TRTLLMAllReduceFusionWorkspace, "mnnvl": MNNVLAllReduceFusionWorkspace}.get(impl.backend,
+                                                                                                      Workspace)
+        ws = kind.__new__(kind)
+        Workspace.__init__(ws, impl)
+        return ws
+
+
+#: FlashInfer's name of the abstract workspace (its unified API's return type): fiar's Workspace.
+AllReduceFusionWorkspace = Workspace
+
+
+def _create_impl(backend: str, world_size: int, rank: int, max_token_num: int, hidden_dim: int, dtype: Any,
+                 gpus_per_node: Optional[int], comm_backend: Any, force_oneshot_support: bool, group: Any,
+                 platform: str, timeout_ms: int, batch_invariant: bool) -> Any:
+    for name, value in (("world_size", world_size), ("rank", rank), ("max_token_num", max_token_num),
+                        ("hidden_dim", hidden_dim), ("dtype", dtype)):
+        if value is None:
+            raise ValueError(f"{name} is required")
+    if platform not in ("cuda", "host"):
+        raise ValueError(f"platform {platform!r}; allowed: 'cuda', 'host'")
+    if platform == "cuda" and not _fiar.cuda:
+        raise ValueError("platform 'cuda': this fiar was built without CUDA (FIAR_PYTHON_CUDA=0); use "
+                         "platform='host', or reinstall with nvcc on the PATH")
+    comm = _python_comm(comm_backend, group)
+    return _fiar.Workspace(comm, str(backend), int(world_size), int(rank), int(max_token_num), int(hidden_dim),
+                           _dtype_name(dtype), int(gpus_per_node or world_size), bool(force_oneshot_support),
+                           int(timeout_ms), bool(batch_invariant), 100, platform)
+
+
+class TRTLLMAllReduceFusionWorkspace(Workspace):
+    """A workspace of the trtllm backend (peer-mapped buffers on one node), with FlashInfer's constructor: collective,
+    like create_allreduce_fusion_workspace(backend="trtllm", ...), which returns one."""
+
+    def __init__(self, tp_size: int, tp_rank: int, max_token_num: int, hidden_dim: int, dtype: Any = "float16",
+                 comm_backend: Any = None, group: Any = None, *, platform: str = "cuda", timeout_ms: int = 30000,
+                 batch_invariant: bool = False) -> None:
+        super().__init__(_create_impl("trtllm", tp_size, tp_rank, max_token_num, hidden_dim, dtype, None, comm_backend,
+                                      False, group, platform, timeout_ms, batch_invariant))
+
+
+class MNNVLAllReduceFusionWorkspace(Workspace):
+    """A workspace of the mnnvl backend (NVLink multicast), with FlashInfer's constructor: collective. `mapping` is an
+    object with FlashInfer's Mapping attributes world_size (or tp_size), rank (or tp_rank) and gpus_per_node.
+    Without max_num_tokens, buffer_size_in_bytes sets it: that many bytes of one rank's rows (FlashInfer sizes its
+    buffer from them)."""
+
+    def __init__(self, mapping: Any, max_num_tokens: Optional[int] = None, hidden_dim: Optional[int] = None,
+                 dtype: Any = None, buffer_size_in_bytes: Optional[int] = None, comm_backend: Any = None, *,
+                 platform: str = "cuda", timeout_ms: int = 30000, batch_invariant: bool = False) -> None:
+        world = getattr(mapping, "world_size", None) or getattr(mapping, "tp_size", None)
+        rank = getattr(mapping, "rank", getattr(mapping, "tp_rank", None))
+        if world is None or rank is None:
+            raise TypeError(f"mapping {mapping!r} needs world_size (or tp_size) and rank (or tp_rank), as "
+                            "FlashInfer's Mapping has")
+        if max_num_tokens is None and buffer_size_in_bytes is not None and hidden_dim and dtype is not None:
+            itemsize = 4 if _dtype_name(dtype) == "float32" else 2
+            max_num_tokens = max(1, int(buffer_size_in_bytes) // (int(hidden_dim) * itemsize))
+        if max_num_tokens is None:
+            raise ValueError("max_num_tokens is required (or buffer_size_in_bytes with hidden_dim and dtype)")
+        super().__init__(_create_impl("mnnvl", world, rank, max_num_tokens, hidden_dim, dtype,
+                                      getattr(mapping, "gpus_per_node", None), comm_backend, False, None, platform,
+                                      timeout_ms, batch_invariant))
+
 
 def create_allreduce_fusion_workspace(backend: str = "auto", world_size: int = None, rank: int = None,
                                       max_token_num: int = None, hidden_dim: int = None, dtype: Any = None,
@@ -240,22 +304,12 @@ def create_allreduce_fusion_workspace(backend: str = "auto", world_size: int = N
     thread or a process of this machine; it emulates sm_100 NVSwitch nodes of gpus_per_node ranks). The ranks meet
     over comm_backend, else group (torch.distributed), else the default torch.distributed group when initialised,
     else fiar's TCP bootstrap from the environment (FIAR_RANK / FIAR_WORLD_SIZE / FIAR_MASTER_PORT, torchrun's,
-    Open MPI's or Slurm's variables).
+    Open MPI's or Slurm's variables). Returns a TRTLLMAllReduceFusionWorkspace or MNNVLAllReduceFusionWorkspace
+    (FlashInfer's classes), or a Workspace of the nccl backend.
     """
-    for name, value in (("world_size", world_size), ("rank", rank), ("max_token_num", max_token_num),
-                        ("hidden_dim", hidden_dim), ("dtype", dtype)):
-        if value is None:
-            raise ValueError(f"{name} is required")
-    if platform not in ("cuda", "host"):
-        raise ValueError(f"platform {platform!r}; allowed: 'cuda', 'host'")
-    if platform == "cuda" and not _fiar.cuda:
-        raise ValueError("platform 'cuda': this fiar was built without CUDA (FIAR_PYTHON_CUDA=0); use "
-                         "platform='host', or reinstall with nvcc on the PATH")
-    comm = _python_comm(comm_backend, group)
-    impl = _fiar.Workspace(comm, str(backend), int(world_size), int(rank), int(max_token_num), int(hidden_dim),
-                           _dtype_name(dtype), int(gpus_per_node or world_size), bool(force_oneshot_support),
-                           int(timeout_ms), bool(batch_invariant), 100, platform)
-    return Workspace(impl)
+    return Workspace._wrap(_create_impl(backend, world_size, rank, max_token_num, hidden_dim, dtype, gpus_per_node,
+                                        comm_backend, force_oneshot_support, group, platform, timeout_ms,
+                                        batch_invariant))
 
 
 # torch, when importable: the custom op (fiar/_torch.py) is registered with fiar's import.
@@ -311,24 +365,31 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
                      shared_expert_output: Any = None, block_quant_group_size: Optional[int] = None,
                      weight_bias: float = 0.0, *, moe_finalize_backend: Optional[str] = None,
                      gamma_pre: Any = None, routed_scaling_factor: float = 1.0,
-                     strategy: Optional[str] = None) -> Any:
+                     strategy: Optional[str] = None, strict: bool = False) -> Any:
     """The all-reduce of `input` fused with `pattern`'s epilogue (FlashInfer's arguments, names, order and defaults).
 
-    Collective: every rank calls it with the same pattern and num_tokens. Returns norm_out if given (or allocated),
-    else quant_out, else output. fiar's keyword-only extras: gamma_pre (kARResidualRMSNormPrePost),
-    routed_scaling_factor (MoE finalize), strategy ("auto", "oneshot", "twoshot", "multimem", "nccl"; overrides
-    use_oneshot). fp32_acc, launch_with_pdl and trigger_completion_at_end are accepted (fiar always accumulates in
-    fp32, and on GPUs always uses programmatic dependent launch, releasing its successor at the end).
+    Collective: every rank calls it with the same pattern and num_tokens. Returns norm_out if the pattern writes it
+    (given or allocated), else quant_out, else output. fiar's keyword-only extras: gamma_pre
+    (kARResidualRMSNormPrePost), routed_scaling_factor (MoE finalize), strategy ("auto", "oneshot", "twoshot",
+    "multimem", "nccl"; overrides use_oneshot). fp32_acc, launch_with_pdl and trigger_completion_at_end are accepted
+    (fiar always accumulates in fp32, and on GPUs always uses programmatic dependent launch, releasing its successor
+    at the end).
+
+    As FlashInfer takes a call (strict=False): a tensor the pattern neither reads nor writes is ignored, whatever it
+    is; layout_code matters only where there are block scales; quant_out and NVFP4 / MXFP8 block scales are byte
+    buffers of any element type, at least as large as what is written. strict=True refuses all of these, as fiar's
+    C++ call does.
     """
     if not isinstance(workspace, Workspace):
         raise TypeError(f"workspace must come from fiar.create_allreduce_fusion_workspace, not {type(workspace)}")
     moe_reduction = (moe_reduction_device_num_experts, moe_reduction_scale_input,
                      moe_reduction_active_experts_token_input, moe_reduction_token_input)
-    if pattern == _P.kMoEReductionARResidualRMSNorm or any(a is not None for a in moe_reduction):
+    if pattern == _P.kMoEReductionARResidualRMSNorm or (strict and any(a is not None for a in moe_reduction)):
         raise ValueError("pattern 6 (kMoEReductionARResidualRMSNorm, the moe_reduction_* arguments) is not in fiar: "
                          "use kMoEFinalizeARResidualRMSNorm (the finalize from the permuted expert output)")
-    if moe_finalize_backend not in (None, "fiar"):
-        raise ValueError(f"moe_finalize_backend {moe_finalize_backend!r}; fiar has one finalize: None or 'fiar'")
+    if moe_finalize_backend not in _MOE_FINALIZE_BACKENDS:
+        raise ValueError(f"moe_finalize_backend {moe_finalize_backend!r}; allowed: None, 'trtllm', 'cake' "
+                         "(FlashInfer's) or 'fiar': each runs fiar's one finalize")
     if pattern not in _PATTERNS:
         raise ValueError(f"pattern {pattern!r}; allowed: the codes of fiar.AllReduceFusionPattern")
     fiar_pattern, wants_norm_out, group_scale = _PATTERNS[pattern]
@@ -336,9 +397,29 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
         strategy = "auto" if use_oneshot is None else ("oneshot" if use_oneshot else "twoshot")
     if strategy not in _STRATEGIES:
         raise ValueError(f"strategy {strategy!r}; allowed: {', '.join(_STRATEGIES)}")
-    if layout_code not in (None, QuantizationSFLayout.SWIZZLED_128x4, QuantizationSFLayout.LINEAR):
+    block_scales = fiar_pattern in (_NVFP4, _MXFP8)
+    if (strict or block_scales) and layout_code is not None and layout_code not in _LAYOUT_CODES:
         raise ValueError(f"layout_code {layout_code!r}; allowed: QuantizationSFLayout.SWIZZLED_128x4 (0) or LINEAR "
-                         "(2); fiar has no 8x4 swizzle")
+                         "(2). fiar has no 8x4 swizzle (FlashInfer's fusion kernels write no block scales for it): "
+                         "pass SWIZZLED_128x4, what block-scaled GEMMs read")
+    if not wants_norm_out and fiar_pattern in _QUANTIZED and norm_out is not None:
+        if strict:
+            raise ValueError(f"norm_out is set, but pattern {pattern} does not write it; pass None, or the pattern's "
+                             "'Out' variant")
+        norm_out = None  # FlashInfer ignores it too
+    if not strict:  # what the pattern neither reads nor writes is not looked at
+        uses = _USES[fiar_pattern]
+        unused = {k for k, name in _FUSED_NAMES.items() if uses[name] == "unused"}
+        output = None if "output" in unused else output
+        residual_in = None if "residual_in" in unused else residual_in
+        residual_out = None if "residual_out" in unused else residual_out
+        norm_out = None if "norm_out" in unused else norm_out
+        quant_out = None if "quant_out" in unused else quant_out
+        rms_gamma = None if "gamma" in unused else rms_gamma
+        gamma_pre = None if "gamma_pre" in unused else gamma_pre
+        scale_factor = None if "scale" in unused else scale_factor
+        if "scale_out" in unused and "block_scale_out" in unused:
+            scale_out = None
 
     # The MoE patterns' outputs have a row per token (expanded_idx_to_permuted_idx's), `input` one per permuted row.
     moe = fiar_pattern in (_MOE_ALLREDUCE, _MOE_RESIDUAL_RMSNORM)
@@ -349,13 +430,11 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
         residual_out = _empty_like(residual_in)
     if wants_norm_out and norm_out is None:
         norm_out = _empty_like(input, rows)
-    if not wants_norm_out and fiar_pattern in _QUANTIZED and norm_out is not None:
-        raise ValueError(f"norm_out is set, but pattern {pattern} does not write it; pass None, or the pattern's "
-                         "'Out' variant")
 
     args = {
         "pattern": fiar_pattern,
         "strategy": _STRATEGIES[strategy],
+        "strict": bool(strict),
         "input": input,
         "output": output,
         "residual_in": residual_in,
@@ -365,9 +444,9 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
         "norm_out": norm_out,
         "quant_out": quant_out,
         "eps": float(rms_eps),
-        "weight_bias": float(weight_bias),
+        "weight_bias": float(weight_bias or 0.0),
         # fiar's ScaleLayout: Swizzled128x4 = 0, Linear = 1 (FlashInfer's LINEAR is 2).
-        "layout": 1 if layout_code == QuantizationSFLayout.LINEAR else 0,
+        "layout": _LAYOUT_CODES.get(layout_code, 0),
         "group_scale": group_scale,
         "expanded_idx": expanded_idx_to_permuted_idx,
         "expert_scale": expert_scale_factor,
@@ -399,3 +478,95 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
     if quant_out is not None:
         return quant_out
     return output
+
+
+# ---- FlashInfer's legacy trtllm entry points (flattened tensors, the workspace as a pointer table) ----
+
+
+class LegacyFusionWorkspace:
+    """What trtllm_create_ipc_workspace_for_all_reduce_fusion returns as its ipc_handles and workspace_tensor (one
+    object, both places): fiar's trtllm workspaces for the element types its calls may use. FlashInfer's buffers take
+    any 16-bit type (or float32 with use_fp32_lamport); fiar's workspace is typed, so this holds float16 and bfloat16
+    workspaces (or one float32), all created up front, collectively."""
+
+    def __init__(self, workspaces: dict, metadata: dict) -> None:
+        self.workspaces, self.metadata = workspaces, metadata
+
+    def of(self, dtype: Any) -> Workspace:
+        name = _dtype_name(dtype)
+        if name not in self.workspaces:
+            lamport = self.metadata["use_fp32_lamport"]
+            raise ValueError(f"use_fp32_lamport ({lamport}) does not match allreduce_in.dtype ({name}). Fix: create "
+                             f"the workspace with use_fp32_lamport={name == 'float32'}.")
+        return self.workspaces[name]
+
+    def destroy(self) -> None:
+        for ws in self.workspaces.values():
+            ws.destroy()
+
+
+def trtllm_create_ipc_workspace_for_all_reduce_fusion(tp_rank: int, tp_size: int, max_token_num: int, hidden_dim: int,
+                                                      use_fp32_lamport: bool = False, group: Any = None,
+                                                      create_metadata: bool = False, comm_backend: Any = None,
+                                                      use_symm_dev_mem: bool = False, *, platform: str = "cuda",
+                                                      timeout_ms: int = 30000, batch_invariant: bool = False):
+    """FlashInfer's legacy creation (its parameters, order and defaults; collective). Returns (ipc_handles,
+    workspace_tensor), plus metadata with create_metadata, plus mem_handles before it with use_symm_dev_mem as well,
+    as FlashInfer does; ipc_handles and workspace_tensor are one LegacyFusionWorkspace, mem_handles an empty list.
+    The workspaces are fiar's trtllm backend's, for float32 (use_fp32_lamport) or for float16 and bfloat16."""
+    dtypes = ("float32",) if use_fp32_lamport else ("float16", "bfloat16")
+    workspaces = {d: TRTLLMAllReduceFusionWorkspace(tp_size, tp_rank, max_token_num, hidden_dim, d, comm_backend,
+                                                    group, platform=platform, timeout_ms=timeout_ms,
+                                                    batch_invariant=batch_invariant) for d in dtypes}
+    metadata = {"tp_rank": tp_rank, "tp_size": tp_size, "max_token_num": max_token_num, "hidden_dim": hidden_dim,
+                "use_fp32_lamport": bool(use_fp32_lamport)}
+    handle = LegacyFusionWorkspace(workspaces, metadata)
+    if not create_metadata:
+        return handle, handle
+    return (handle, handle, [], metadata) if use_symm_dev_mem else (handle, handle, metadata)
+
+
+def trtllm_destroy_ipc_workspace_for_all_reduce_fusion(workspace: Any, group: Any = None) -> None:
+    """Frees what trtllm_create_ipc_workspace_for_all_reduce_fusion made (its ipc_handles); idempotent."""
+    if not isinstance(workspace, LegacyFusionWorkspace):
+        raise TypeError(f"workspace must be the ipc_handles of fiar.trtllm_create_ipc_workspace_for_all_reduce_fusion, "
+                        f"not {type(workspace)}")
+    workspace.destroy()
+
+
+def _rows(x: Any, rows: int, cols: int) -> Any:
+    """x as [rows, cols] (a view: FlashInfer's legacy call takes flattened contiguous tensors)."""
+    return None if x is None else x.reshape(rows, cols)
+
+
+def trtllm_allreduce_fusion(allreduce_in: Any, world_size: int, world_rank: int, token_num: int, hidden_dim: int,
+                            workspace_ptrs: Any, launch_with_pdl: bool, trigger_completion_at_end: bool,
+                            fp32_acc: bool, pattern_code: int, use_oneshot: Optional[bool], allreduce_out: Any,
+                            residual_in: Any, residual_out: Any, norm_out: Any, quant_out: Any, scale_out: Any,
+                            rms_gamma: Any, rms_eps: Optional[float], scale_factor: Any,
+                            layout_code: Optional[int], metadata: Optional[dict] = None,
+                            block_quant_group_size: Optional[int] = None, weight_bias: Optional[float] = None, *,
+                            strict: bool = False) -> None:
+    """FlashInfer's legacy call (its parameters and order): the activations flattened or [token_num, hidden_dim],
+    the workspace from trtllm_create_ipc_workspace_for_all_reduce_fusion. Runs allreduce_fusion with the same
+    meaning; writes the outputs, returns None."""
+    if not isinstance(workspace_ptrs, LegacyFusionWorkspace):
+        raise TypeError("workspace_ptrs must be the workspace_tensor of "
+                        f"fiar.trtllm_create_ipc_workspace_for_all_reduce_fusion, not {type(workspace_ptrs)}")
+    meta = workspace_ptrs.metadata if metadata is None else metadata
+    if world_size != meta["tp_size"] or world_rank != meta["tp_rank"]:
+        raise ValueError(f"world_size {world_size}, world_rank {world_rank}: the workspace was created for tp_size "
+                         f"{meta['tp_size']}, tp_rank {meta['tp_rank']}")
+    if hidden_dim != meta["hidden_dim"] or token_num > meta["max_token_num"]:
+        raise ValueError(f"token_num {token_num} x hidden_dim {hidden_dim}: the workspace takes hidden_dim "
+                         f"{meta['hidden_dim']} and up to max_token_num {meta['max_token_num']} tokens (fiar's "
+                         "workspace has one hidden_dim). Fix: create it with this call's hidden_dim.")
+    ws = workspace_ptrs.of(allreduce_in.dtype)
+    T, H = int(token_num), int(hidden_dim)
+    allreduce_fusion(_rows(allreduce_in, T, H), ws, pattern_code, launch_with_pdl, trigger_completion_at_end,
+                     output=_rows(allreduce_out, T, H), residual_out=_rows(residual_out, T, H),
+                     norm_out=_rows(norm_out, T, H), quant_out=quant_out, scale_out=scale_out,
+                     residual_in=_rows(residual_in, T, H), rms_gamma=rms_gamma,
+                     rms_eps=1e-6 if rms_eps is None else rms_eps, scale_factor=scale_factor,
+                     layout_code=layout_code, use_oneshot=use_oneshot, fp32_acc=fp32_acc,
+                     block_quant_group_size=block_quant_group_size, weight_bias=weight_bias or 0.0, strict=strict)

@@ -25,8 +25,8 @@ def register(run: Callable[[int, dict], None]) -> Any:
     Returns the op's overload packet (torch.ops.fiar.allreduce_fusion)."""
 
     @torch.library.custom_op("fiar::allreduce_fusion", mutates_args=MUTATED)
-    def allreduce_fusion(workspace: int, pattern: int, strategy: int, block_scales: bool, input: torch.Tensor,
-                         output: Optional[torch.Tensor], residual_out: Optional[torch.Tensor],
+    def allreduce_fusion(workspace: int, pattern: int, strategy: int, strict: bool, block_scales: bool,
+                         input: torch.Tensor, output: Optional[torch.Tensor], residual_out: Optional[torch.Tensor],
                          norm_out: Optional[torch.Tensor], quant_out: Optional[torch.Tensor],
                          scale_out: Optional[torch.Tensor], residual_in: Optional[torch.Tensor],
                          gamma: Optional[torch.Tensor], gamma_pre: Optional[torch.Tensor],
@@ -35,7 +35,7 @@ def register(run: Callable[[int, dict], None]) -> Any:
                          eps: float, weight_bias: float, layout: int, group_size: int, group_scale: int,
                          routed_scaling_factor: float) -> None:
         args = {
-            "pattern": pattern, "strategy": strategy, "input": input, "output": output,
+            "pattern": pattern, "strategy": strategy, "strict": strict, "input": input, "output": output,
             "residual_out": residual_out, "norm_out": norm_out, "quant_out": quant_out,
             ("block_scale_out" if block_scales else "scale_out"): scale_out, "residual_in": residual_in,
             "gamma": gamma, "gamma_pre": gamma_pre, "scale": scale, "expanded_idx": expanded_idx,
@@ -48,9 +48,9 @@ def register(run: Callable[[int, dict], None]) -> Any:
         run(workspace, args)
 
     @allreduce_fusion.register_fake
-    def _(workspace, pattern, strategy, block_scales, input, output, residual_out, norm_out, quant_out, scale_out,
-          residual_in, gamma, gamma_pre, scale, expanded_idx, expert_scale, shared_expert_out, eps, weight_bias,
-          layout, group_size, group_scale, routed_scaling_factor) -> None:
+    def _(workspace, pattern, strategy, strict, block_scales, input, output, residual_out, norm_out, quant_out,
+          scale_out, residual_in, gamma, gamma_pre, scale, expanded_idx, expert_scale, shared_expert_out, eps,
+          weight_bias, layout, group_size, group_scale, routed_scaling_factor) -> None:
         return None  # the outputs are written in place: nothing to make
 
     return torch.ops.fiar.allreduce_fusion
@@ -59,8 +59,8 @@ def register(run: Callable[[int, dict], None]) -> Any:
 def op_args(workspace_id: int, args: dict) -> tuple:
     """The op's positional arguments for fiar/__init__.py's dict of one call's arguments."""
     block_scales = "block_scale_out" in args
-    return (workspace_id, args["pattern"], args["strategy"], block_scales, args["input"], args["output"],
-            args["residual_out"], args["norm_out"], args["quant_out"],
+    return (workspace_id, args["pattern"], args["strategy"], args.get("strict", True), block_scales, args["input"],
+            args["output"], args["residual_out"], args["norm_out"], args["quant_out"],
             args["block_scale_out"] if block_scales else args.get("scale_out"), args["residual_in"], args["gamma"],
             args["gamma_pre"], args.get("scale"), args["expanded_idx"], args["expert_scale"],
             args["shared_expert_out"], args["eps"], args["weight_bias"], args["layout"], args.get("group_size", 128),

@@ -153,6 +153,7 @@ void* checked(const std::optional<Array>& a, const char* name, const TensorSpec&
   const std::size_t nd = t.ndim();
   std::int64_t rows = nd >= 1 ? static_cast<std::int64_t>(t.shape(0)) : 1;
   std::int64_t cols = nd >= 2 ? static_cast<std::int64_t>(t.shape(1)) : 1;
+  if (nd == 0 && spec.cols == 0 && spec.rows == 1) return t.data();  // a scalar tensor (torch.tensor(0.05))
   if (nd > 2 || nd == 0) {
     throw nb::value_error(
         (std::string(name) + " must be 1-D or 2-D (it has " + std::to_string(nd) + " dimensions)").c_str());
@@ -176,12 +177,28 @@ void* checked(const std::optional<Array>& a, const char* name, const TensorSpec&
   return t.data();
 }
 
+// A buffer fiar writes bytes into, as FlashInfer takes one (flashinfer-compatible calls, strict=False): any element
+// type and shape, contiguous, holding at least `need` bytes. FlashInfer's own tests pass a bf16 tensor as quant_out,
+// and vLLM an int32 scale buffer viewed as float8.
+void* checked_bytes(const Array& t, const char* name, std::size_t need, const char* what) {
+  std::size_t elements = 0;
+  const bool contiguous = row_major(t, elements);
+  const std::size_t size = elements * ((t.dtype().bits * t.dtype().lanes + 7u) / 8u);
+  if (!contiguous || size < need) {
+    throw nb::value_error((std::string(name) + " holds " + std::to_string(size) +
+                           (contiguous ? "" : " non-contiguous") + " bytes; this call's " + what + " take " +
+                           std::to_string(need) + " contiguous bytes")
+                              .c_str());
+  }
+  return t.data();
+}
+
 // The block-scale tensor (scale_out of NVFP4, MXFP8 and the per-token-group FP8 patterns), whose bytes fiar writes
 // without knowing its size: its element type, and that its storage holds every byte of the pattern's layout (group
 // scales: FlashInfer's strided [tokens, C] with strides (1, round_up(tokens, 4)), 4-byte elements). Settings fiar
 // rejects itself (a group size, a layout) are left to its message.
 void* checked_block_scales(const std::optional<Array>& a, fiar::Quant quant, std::int64_t tokens, std::int64_t hidden,
-                           int group_size, int group_scale, int layout) {
+                           int group_size, int group_scale, int layout, bool strict) {
   if (!a) return nullptr;
   const Array& t = *a;
   const auto n = static_cast<int>(tokens), h = static_cast<int>(hidden);
@@ -208,11 +225,15 @@ void* checked_block_scales(const std::optional<Array>& a, fiar::Quant quant, std
     return t.data();
   }
   if (quant == fiar::Quant::Nvfp4 || quant == fiar::Quant::Mxfp8) {
-    if (!is_kind(t.dtype(), Kind::U8)) throw nb::type_error("scale_out must be an 8-bit tensor (uint8, float8)");
+    if (strict && !is_kind(t.dtype(), Kind::U8)) {
+      throw nb::type_error("scale_out must be an 8-bit tensor (uint8, float8)");
+    }
     const auto l = static_cast<fiar::ScaleLayout>(layout);
     if (!fiar::is_valid(l)) return t.data();
     const std::size_t need =
         quant == fiar::Quant::Nvfp4 ? fiar::algo::nvfp4_scale_bytes(n, h, l) : fiar::algo::mxfp8_scale_bytes(n, h, l);
+    if (!strict)
+      return checked_bytes(t, "scale_out", need, "block scales (the layout's padded rows and columns included)");
     std::size_t size = 0;
     const bool contiguous = row_major(t, size);
     if (!contiguous || size < need) {
@@ -258,6 +279,7 @@ struct CallArgs {
       scale_out, block_scale_out, expanded_idx, expert_scale, shared_expert_out;
   float eps = 1e-6f, weight_bias = 0.0f, routed_scaling_factor = 1.0f;
   int layout = 0, group_size = 128, group_scale = 0;
+  bool strict = true;  ///< false: byte outputs (quant_out, block scales) of any element type, sized in bytes
 };
 
 class Workspace {
@@ -364,6 +386,7 @@ class Workspace {
     c.group_size = value("group_size", 128);
     c.group_scale = value("group_scale", 0);
     c.stream = value("stream", std::uintptr_t{0});
+    c.strict = value("strict", true);
     // numpy arrays of ml_dtypes' bfloat16, which numpy cannot export through DLPack: the Python layer passes them as
     // uint16 views and names their keys here; they are relabelled bfloat16 (the same bits).
     std::vector<std::string> bf16_views;
@@ -483,11 +506,15 @@ class Workspace {
     a.gamma_pre = static_cast<const T*>(checked(c.gamma_pre, "gamma_pre", {k, h, 0}));
     a.norm_out = static_cast<T*>(checked(c.norm_out, "norm_out", {k, tokens, h}));
     // NVFP4 packs two codes a byte; the other quantizing patterns write one a byte.
-    a.quant_out = checked(c.quant_out, "quant_out", {Kind::U8, tokens, traits.quant == fiar::Quant::Nvfp4 ? h / 2 : h});
+    const std::int64_t code_bytes = traits.quant == fiar::Quant::Nvfp4 ? h / 2 : h;
+    a.quant_out = c.strict || !c.quant_out
+                      ? checked(c.quant_out, "quant_out", {Kind::U8, tokens, code_bytes})
+                      : checked_bytes(*c.quant_out, "quant_out", static_cast<std::size_t>(tokens * code_bytes),
+                                      "quantized codes");
     a.scale = static_cast<const float*>(checked(c.scale, "scale_factor", {Kind::F32, 1, 0}));
     a.scale_out = static_cast<float*>(checked(c.scale_out, "scale_out", {Kind::F32, tokens, 0}));
-    a.block_scale_out =
-        checked_block_scales(c.block_scale_out, traits.quant, tokens, h, c.group_size, c.group_scale, c.layout);
+    a.block_scale_out = checked_block_scales(c.block_scale_out, traits.quant, tokens, h, c.group_size, c.group_scale,
+                                             c.layout, c.strict);
     a.eps = c.eps;
     a.weight_bias = c.weight_bias;
     a.layout = static_cast<fiar::ScaleLayout>(c.layout);
@@ -523,6 +550,23 @@ class Workspace {
   AnyWorkspaceOf ws_;
 };
 
+// How `pattern` (a fiar::Pattern value) uses each of FusedArgs' tensors, by FusedArgs' names: "required", "optional"
+// or "unused". The Python layer drops what a pattern does not use before anything is checked (as FlashInfer ignores
+// it).
+nb::dict tensor_uses(int pattern) {
+  const auto p = static_cast<fiar::Pattern>(pattern);
+  if (!fiar::is_valid(p)) throw nb::value_error(("pattern value " + std::to_string(pattern)).c_str());
+  const fiar::PatternTraits& traits = fiar::pattern_traits(p);
+  nb::dict uses;
+  for (int i = 0; i < fiar::kFusedTensorCount; ++i) {
+    const fiar::TensorUse u = traits.use[i];
+    uses[fiar::kFusedTensorNames[i]] = u == fiar::TensorUse::Required   ? "required"
+                                       : u == fiar::TensorUse::Optional ? "optional"
+                                                                        : "unused";
+  }
+  return uses;
+}
+
 }  // namespace
 
 NB_MODULE(_fiar, m) {
@@ -531,6 +575,7 @@ NB_MODULE(_fiar, m) {
   m.attr("cuda") = static_cast<bool>(FIAR_PYTHON_CUDA);
   m.attr("nccl") = static_cast<bool>(FIAR_HAS_NCCL);  // the nccl backend and route on GPUs (CUDA builds with NCCL)
   m.attr("cuda_headers") = FIAR_PYTHON_CUDA_HEADERS;  // where the build's CUDA headers came from: "wheels", "toolkit"
+  m.def("tensor_uses", &tensor_uses, nb::arg("pattern"));
   nb::exception<fiar::timeout_error>(m, "TimeoutError", PyExc_TimeoutError);
   nb::exception<fiar::mismatch_error>(m, "MismatchError", PyExc_RuntimeError);
 

@@ -3,6 +3,7 @@
 or processes started with fiar's launcher variables (the TCP bootstrap from the environment)."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -58,10 +59,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_processes(world, args, timeout=300, script="rank_main.py", launcher="fiar"):
-    """test/python/SCRIPT ARGS... as `world` processes with the launcher's variables (fiar: FIAR_RANK /
-    FIAR_WORLD_SIZE / FIAR_MASTER_PORT; torchrun: RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT); returns each rank's
-    JSON report (its last stdout line) and exit status."""
+def start_ranks(world, argv, launcher="fiar"):
+    """argv as `world` processes with the launcher's variables (fiar: FIAR_RANK / FIAR_WORLD_SIZE /
+    FIAR_MASTER_PORT; torchrun: RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT), output captured."""
     port = free_port()
     procs = []
     for r in range(world):
@@ -72,8 +72,26 @@ def run_processes(world, args, timeout=300, script="rank_main.py", launcher="fia
             env.update(RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         else:
             env.update(FIAR_RANK=str(r), FIAR_WORLD_SIZE=str(world), FIAR_MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, script)] + list(args), env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def run_doc_example(page, tmp_path, launcher, world=2, timeout=180):
+    """The python-example block of `page` (a path in the repository) written out and run as it says, as `world`
+    processes with the launcher's variables; returns each process's (exit status, output)."""
+    text = open(os.path.join(HERE, "..", "..", page)).read()
+    block = re.search(r"<!-- python-example[^\n]*\n```python\n(.*?)```", text, re.S)
+    assert block, f"{page} lost its python-example block"
+    script = tmp_path / "example.py"
+    script.write_text(block.group(1))
+    procs = start_ranks(world, [sys.executable, str(script)], launcher)
+    return [(p.communicate(timeout=timeout)[0], p.returncode)[::-1] for p in procs]
+
+
+def run_processes(world, args, timeout=300, script="rank_main.py", launcher="fiar"):
+    """test/python/SCRIPT ARGS... as `world` processes with the launcher's variables (start_ranks); returns each
+    rank's JSON report (its last stdout line) and exit status."""
+    procs = start_ranks(world, [sys.executable, os.path.join(HERE, script)] + list(args), launcher)
     reports = []
     for p in procs:
         try:

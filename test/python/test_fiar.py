@@ -4,7 +4,6 @@ reference covers, bit for bit, with ranks as threads and as processes; the error
 import inspect
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -33,10 +32,34 @@ FLASHINFER_ALLREDUCE_FUSION = [
     ("block_quant_group_size", None), ("weight_bias", 0.0),
 ]
 FIAR_KEYWORD_ONLY = [("moe_finalize_backend", None), ("gamma_pre", None), ("routed_scaling_factor", 1.0),
-                     ("strategy", None)]
+                     ("strategy", None), ("strict", False)]
 FLASHINFER_CREATE = [("backend", "auto"), ("world_size", None), ("rank", None), ("max_token_num", None),
                      ("hidden_dim", None), ("dtype", None), ("gpus_per_node", None), ("comm_backend", None),
                      ("force_oneshot_support", False), ("group", None)]
+FIAR_CREATE_KEYWORD_ONLY = [("platform", "cuda"), ("timeout_ms", 30000), ("batch_invariant", False)]
+E = inspect.Parameter.empty
+# FlashInfer's legacy trtllm entry points (flashinfer/comm/trtllm_ar.py) and its workspace classes' constructors
+# (allreduce.py, trtllm_mnnvl_ar.py), each: (positional parameters with defaults, fiar's keyword-only ones).
+FLASHINFER_LEGACY = {
+    "trtllm_create_ipc_workspace_for_all_reduce_fusion": (
+        [("tp_rank", E), ("tp_size", E), ("max_token_num", E), ("hidden_dim", E), ("use_fp32_lamport", False),
+         ("group", None), ("create_metadata", False), ("comm_backend", None), ("use_symm_dev_mem", False)],
+        FIAR_CREATE_KEYWORD_ONLY),
+    "trtllm_destroy_ipc_workspace_for_all_reduce_fusion": ([("workspace", E), ("group", None)], []),
+    "trtllm_allreduce_fusion": (
+        [("allreduce_in", E), ("world_size", E), ("world_rank", E), ("token_num", E), ("hidden_dim", E),
+         ("workspace_ptrs", E), ("launch_with_pdl", E), ("trigger_completion_at_end", E), ("fp32_acc", E),
+         ("pattern_code", E), ("use_oneshot", E), ("allreduce_out", E), ("residual_in", E), ("residual_out", E),
+         ("norm_out", E), ("quant_out", E), ("scale_out", E), ("rms_gamma", E), ("rms_eps", E), ("scale_factor", E),
+         ("layout_code", E), ("metadata", None), ("block_quant_group_size", None), ("weight_bias", None)],
+        [("strict", False)]),
+    "TRTLLMAllReduceFusionWorkspace": (
+        [("tp_size", E), ("tp_rank", E), ("max_token_num", E), ("hidden_dim", E), ("dtype", "float16"),
+         ("comm_backend", None), ("group", None)], FIAR_CREATE_KEYWORD_ONLY),
+    "MNNVLAllReduceFusionWorkspace": (
+        [("mapping", E), ("max_num_tokens", None), ("hidden_dim", None), ("dtype", None),
+         ("buffer_size_in_bytes", None), ("comm_backend", None)], FIAR_CREATE_KEYWORD_ONLY),
+}
 
 
 def test_version_is_the_libraries():
@@ -52,8 +75,27 @@ def test_signatures_are_flashinfers():
     assert keyword_only == FIAR_KEYWORD_ONLY
     params = list(inspect.signature(fiar.create_allreduce_fusion_workspace).parameters.values())
     assert [(p.name, p.default) for p in params if p.kind == p.POSITIONAL_OR_KEYWORD] == FLASHINFER_CREATE
-    assert [(p.name, p.default) for p in params if p.kind == p.KEYWORD_ONLY] == [
-        ("platform", "cuda"), ("timeout_ms", 30000), ("batch_invariant", False)]
+    assert [(p.name, p.default) for p in params if p.kind == p.KEYWORD_ONLY] == FIAR_CREATE_KEYWORD_ONLY
+
+
+@pytest.mark.parametrize("name", sorted(FLASHINFER_LEGACY))
+def test_legacy_signatures_are_flashinfers(name):
+    params = list(inspect.signature(getattr(fiar, name)).parameters.values())
+    positional, keyword_only = FLASHINFER_LEGACY[name]
+    assert [(p.name, p.default) for p in params if p.kind == p.POSITIONAL_OR_KEYWORD] == positional
+    assert [(p.name, p.default) for p in params if p.kind == p.KEYWORD_ONLY] == keyword_only
+
+
+def test_flashinfers_names_are_there():
+    """What engines and FlashInfer's tests import from flashinfer.comm and flashinfer.comm.mnnvl."""
+    import fiar.mnnvl
+    assert fiar.AllReduceFusionWorkspace is fiar.Workspace
+    assert issubclass(fiar.TRTLLMAllReduceFusionWorkspace, fiar.AllReduceFusionWorkspace)
+    assert issubclass(fiar.MNNVLAllReduceFusionWorkspace, fiar.AllReduceFusionWorkspace)
+    assert fiar.mnnvl.MNNVLAllReduceFusionWorkspace is fiar.MNNVLAllReduceFusionWorkspace
+    assert [m for m in ("Get_rank", "Get_size", "allgather", "bcast", "barrier", "Split")
+            if not callable(getattr(fiar.mnnvl.TorchDistBackend, m, None))] == []
+    assert isinstance(harness.ThreadComm({}, 0, 1), fiar.mnnvl.CommBackend) is False  # no bcast / Split: not one
 
 
 def test_codes_are_flashinfers():
@@ -251,21 +293,8 @@ def test_differing_calls_raise_mismatch():
 
 def test_readme_example_runs_as_written(tmp_path):
     """The README's Python block, as written, as 2 processes (its own comment says how to run it)."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    block = re.search(r"<!-- python-example[^\n]*\n```python\n(.*?)```", readme, re.S)
-    assert block, "the README lost its python-example block"
-    script = tmp_path / "demo.py"
-    script.write_text(block.group(1))
-    port = harness.free_port()
-    procs = []
-    for r in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FIAR_")}
-        env.update(FIAR_RANK=str(r), FIAR_WORLD_SIZE="2", FIAR_MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, out
+    for r, (status, out) in enumerate(harness.run_doc_example("README.md", tmp_path, "fiar", timeout=120)):
+        assert status == 0, out
         assert out.split() == [str(r), "mnnvl", "4.0", "1.0"], out
 
 
@@ -313,10 +342,14 @@ def test_tensors_too_small_for_what_fiar_writes_are_refused():
         fiar.allreduce_fusion(x, ws, P.kARRMSNorm, rms_gamma=np.ones(32, np.float16))
     with pytest.raises(ValueError, match=r"quant_out has shape \(4, 64\); expected \(4, 32\)"):  # NVFP4: 2 a byte
         fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormFP4Quant, quant_out=np.zeros((4, 64), np.uint8),
+                              scale_out=np.zeros(512, np.uint8), scale_factor=1.0, strict=True, **norm)
+    with pytest.raises(ValueError, match="quant_out holds 127 bytes; this call's quantized codes take 128"):
+        fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormFP4Quant, quant_out=np.zeros(127, np.uint8),
                               scale_out=np.zeros(512, np.uint8), scale_factor=1.0, **norm)
-    with pytest.raises(ValueError, match="scale_out holds 511 bytes; this call's block scales take 512"):
-        fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormFP4Quant, quant_out=np.zeros((4, 32), np.uint8),
-                              scale_out=np.zeros(511, np.uint8), scale_factor=1.0, **norm)
+    for strict in (False, True):
+        with pytest.raises(ValueError, match="scale_out holds 511 bytes; this call's block scales .*take 512"):
+            fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormFP4Quant, quant_out=np.zeros((4, 32), np.uint8),
+                                  scale_out=np.zeros(511, np.uint8), scale_factor=1.0, strict=strict, **norm)
     with pytest.raises(ValueError, match=r"scale_out must have shape \(4, 1\) and strides \(1, 4\)"):
         fiar.allreduce_fusion(x, ws, P.kARResidualRMSNormPerTokenGroupFP8PackedQuant,
                               quant_out=np.zeros((4, 64), np.uint8), scale_out=np.zeros((4, 2), np.int32),

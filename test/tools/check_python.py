@@ -3,7 +3,8 @@
 """fiar's Python package, as a user installs it: a virtual environment (reused while the package's sources are
 unchanged) with numpy, pytest, ml_dtypes and torch, `FIAR_PYTHON_CUDA=0 pip install .` from the checkout (build
 isolation: pip fetches the build's packages, NVIDIA's CUDA header wheels among them, so the toolkit is not used), then
-its tests (test/python, pytest; test_torch.py needs torch, test_cuda.py is the GPU's and is left out).
+its tests (test/python, pytest; test_torch.py and test_call_sites.py need torch, test_cuda.py is the GPU's and is
+left out).
 
   check_python.py SOURCE_ROOT VENV_DIR [cuda]
 
@@ -108,15 +109,15 @@ if p.stdout.split()[:2] != (["True", "toolkit"] if CUDA else ["False", "wheels"]
     sys.exit(1)
 print("check_python: fiar._fiar.cuda, .cuda_headers, .nccl = " + " ".join(p.stdout.split()), flush=True)
 print(f"check_python: package installed ({time.monotonic() - started:.0f} s)", flush=True)
-# test_cuda.py is the GPU's (scripts/gpu-check runs it); test_torch.py needs torch.
+# test_cuda.py is the GPU's (scripts/gpu-check runs it); test_torch.py and test_call_sites.py need torch.
 tests = os.path.join(ROOT, "test", "python")
-ignored = ["test_cuda.py"] + (["test_torch.py"] if no_torch else [])
+ignored = ["test_cuda.py"] + (["test_torch.py", "test_call_sites.py"] if no_torch else [])
 p = run([PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", tests] +
         [a for name in ignored for a in ("--ignore", os.path.join(tests, name))], cwd=VENV, capture_output=True,
         text=True)
 print(p.stdout + p.stderr, flush=True)
 if p.returncode == 0 and no_torch and not CUDA:
-    skip(f"every test but test_torch.py passed; the torch tests did not run: {no_torch}")
+    skip(f"every test but test_torch.py and test_call_sites.py passed; the torch tests did not run: {no_torch}")
 skipped = re.search(r"(\d+) skipped", p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "")
 if p.returncode == 0 and skipped:  # a pytest skip is not a pass: the reasons are printed above
     skip(f"the tests that ran passed, but {skipped.group(1)} were skipped")

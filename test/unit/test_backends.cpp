@@ -248,6 +248,49 @@ FIAR_CASE_TEST("in place fused: out == in, norm_out == in, residual_out == resid
   }
 }
 
+// vLLM's plain sum beside the norm: a zero residual_in and residual_out == in. The aliased call gives the same bits as
+// the same call into separate buffers (whose sums and norms the tests above check against the reference): in ends
+// holding the sum + 0, norm_out the norm of it. Every backend, dtype and strategy; a second call proves the protocol
+// state intact.
+FIAR_CASE_TEST("in place fused: residual_out == in with a zero residual (vLLM's sum beside the norm)", "", Cases) {
+  using C = TestType;
+  using T = typename C::value_type;
+  const Strategy strategy = GENERATE(from_range(C::strategies()));
+  CAPTURE(C::name(), fiar::to_string(strategy));
+  const int world = 4, tokens = 6, hidden = 256;
+  const std::size_t count = static_cast<std::size_t>(tokens) * hidden;
+  std::vector<int> differ(world, -1);
+  auto errors = run_ranks(world, [&](int rank, fiar::InProcessBootstrap& boot) {
+    fiar::WorkspaceConfig cfg{.max_token_num = tokens, .hidden_dim = hidden, .oneshot_at_max_tokens = true};
+    if (strategy == Strategy::Nccl) cfg.nccl_min_bytes = count * sizeof(T);
+    typename C::workspace ws(boot, C::topology(world, rank), cfg, kSmallGrid);
+    const std::vector<T> input = fiar_test::make_input<T>(count, rank, 0, false);
+    const std::vector<T> zero(count, fiar_test::from_float<T>(0.0f)), gamma = fiar_test::gamma_of<T>(hidden);
+    int wrong = 0;
+    for (int call = 0; call < 2; ++call) {
+      std::vector<T> apart = input, sum(count), norm_apart(count), aliased = input, norm_aliased(count);
+      fiar::FusedArgs<T> a{.in = apart.data(),
+                           .num_tokens = tokens,
+                           .residual_in = zero.data(),
+                           .residual_out = sum.data(),
+                           .gamma = gamma.data(),
+                           .eps = 1e-5f,
+                           .norm_out = norm_apart.data()};
+      ws.template run<Pattern::ResidualRmsNorm>(a, nullptr, strategy);
+      a.in = aliased.data();
+      a.residual_out = aliased.data();
+      a.norm_out = norm_aliased.data();
+      ws.template run<Pattern::ResidualRmsNorm>(a, nullptr, strategy);
+      for (std::size_t i = 0; i < count; ++i) {
+        wrong += bits(aliased[i]) != bits(sum[i]) || bits(norm_aliased[i]) != bits(norm_apart[i]);
+      }
+    }
+    differ[at(rank)] = wrong;
+  });
+  require_no_errors(errors);
+  for (int r = 0; r < world; ++r) CHECK(differ[at(r)] == 0);
+}
+
 // ---- validation ----
 
 FIAR_CASE_TEST("bad calls are rejected before anything runs, naming the value and the limit; the workspace still works",

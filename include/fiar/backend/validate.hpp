@@ -168,12 +168,16 @@ constexpr bool is_output(FusedTensor t) {
   return t == FusedTensor::Out || t == FusedTensor::ResidualOut || t == FusedTensor::NormOut ||
          t == FusedTensor::QuantOut || t == FusedTensor::ScaleOut || t == FusedTensor::BlockScaleOut;
 }
-// The aliases inference engines rely on, each allowed only exactly (same address, same size). Not onto a MoE
-// finalize's `in`: its rows are other tokens' experts, read while earlier tokens' outputs are written.
+// The aliases inference engines rely on, each allowed only exactly (same address, same size). Onto `in`: an output
+// element of a token is written only once the token's sum has arrived, which every rank's push of that element
+// (this rank's read of it) precedes, and the epilogue reads the sum, never `in` again (vLLM passes norm_out = in, or
+// residual_out = in with a zero residual for the sum beside the norm). Not onto a MoE finalize's `in`: its rows are
+// other tokens' experts, read while earlier tokens' outputs are written.
 constexpr bool allowed_alias(FusedTensor x, FusedTensor y, const PatternTraits& traits) {
   auto pair = [&](FusedTensor a, FusedTensor b) { return (x == a && y == b) || (x == b && y == a); };
   const bool onto_in = traits.prologue == Prologue::None;
-  return (onto_in && (pair(FusedTensor::Out, FusedTensor::In) || pair(FusedTensor::NormOut, FusedTensor::In))) ||
+  return (onto_in && (pair(FusedTensor::Out, FusedTensor::In) || pair(FusedTensor::NormOut, FusedTensor::In) ||
+                      pair(FusedTensor::ResidualOut, FusedTensor::In))) ||
          pair(FusedTensor::ResidualOut, FusedTensor::ResidualIn);
 }
 
@@ -319,7 +323,7 @@ void validate_call_view(const CallView& c, const Pf& platform) {
           where() + label(x) + " (" + pointer_text(c.tensors[i]) + ", " + std::to_string(xb) + " bytes) overlaps " +
           label(y) + " (" + pointer_text(c.tensors[j]) + ", " + std::to_string(yb) + " bytes). " +
           (traits.prologue == Prologue::None
-               ? "Allowed: out == in, norm_out == in, residual_out == residual_in, exactly. "
+               ? "Allowed: out == in, norm_out == in, residual_out == in, residual_out == residual_in, exactly. "
                  "Fix: pass disjoint buffers or one of those aliases."
                : "Allowed: residual_out == residual_in, exactly (the MoE finalize reads rows of "
                  "in for every token: nothing may be written over them). Fix: pass disjoint "

@@ -89,7 +89,7 @@ struct FusedArgs {
   int num_tokens = 0;
   T* out = nullptr;                ///< Pattern::AllReduce: the sum (may equal in)
   const T* residual_in = nullptr;  ///< residual patterns (ResidualRmsNorm*)
-  T* residual_out = nullptr;       ///< residual patterns: sum + residual_in (may equal residual_in)
+  T* residual_out = nullptr;       ///< residual patterns: sum + residual_in (may equal residual_in, or in)
   const T* gamma = nullptr;        ///< norm patterns: [hidden_dim]
   float eps = 1e-6f;               ///< RMSNorm epsilon
   float weight_bias = 0.0f;        ///< 0: x * gamma; 1: x * (1 + gamma) (Gemma style)
