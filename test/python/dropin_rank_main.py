@@ -227,7 +227,9 @@ def run_vllm(rank, world):
 
 def run_flashinfer(rank, world):
     comm = flashinfer_comm
-    hidden, max_tokens, loops = 1024, 128, 2
+    # FlashInfer's loop runs 1, 128, 1024 and 2048 tokens of 1024 to 8192 elements, each call 5 times, then captured;
+    # here 1, 16 and (at 2 ranks) 128 tokens of 1024, each call once (the host emulator: CI's two cores).
+    hidden, max_tokens = 1024, 128
     workspace = comm.create_allreduce_fusion_workspace(backend="trtllm", world_size=world, rank=rank,
                                                        max_token_num=max_tokens, hidden_dim=hidden, dtype=DTYPE,
                                                        comm_backend=TorchDistBackend(), platform="host")
@@ -238,7 +240,7 @@ def run_flashinfer(rank, world):
     gen = torch.Generator().manual_seed(42 + rank)
     calls = refused = 0
     flags = 0  # launch_with_pdl, trigger_completion_at_end and fp32_acc change nothing in fiar: one combination a call
-    for tokens in (1, 16, 128):
+    for tokens in (1, 16, 128) if world == 2 else (1, 16):
         for pattern in patterns:
             for layout in (L.LINEAR, L.SWIZZLED_128x4, L.SWIZZLED_8x4):
                 for use_oneshot in (True, False, None):
@@ -285,9 +287,8 @@ def run_flashinfer(rank, world):
                                 failures.append(f"{where}: {e}")
                         refused += 1
                         continue
-                    for _ in range(loops):
-                        call()
-                    calls += loops
+                    call()
+                    calls += 1
                     x = allreduce_in.view(tokens, hidden)
                     total, y, norm = expect_reference(where, x, residual_in.view(tokens, hidden), rms_gamma, rms_eps,
                                                       weight_bias)
