@@ -32,8 +32,11 @@ def test_every_pattern_bit_exact(world):
 
     def body(rank, comm):
         torch.cuda.set_device(0)  # the ranks share the machine's first GPU
-        with fiar.create_allreduce_fusion_workspace("auto", world, rank, tokens, hidden, torch.float16,
-                                                    comm_backend=comm, platform="cuda", timeout_ms=20000) as ws:
+        # Each rank thread on a stream of its own (torch's current stream is per thread): on one shared stream one
+        # rank's kernel would wait for its peer's, queued behind it, until the timeout.
+        with torch.cuda.stream(torch.cuda.Stream()), \
+                fiar.create_allreduce_fusion_workspace("auto", world, rank, tokens, hidden, torch.float16,
+                                                       comm_backend=comm, platform="cuda", timeout_ms=20000) as ws:
             out = {p: cases.call_rank(ws, p, dtype, tokens, hidden, rank, tensor=on_gpu) for p in cases.PATTERNS}
             torch.cuda.synchronize()
             ws.check()

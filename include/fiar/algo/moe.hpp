@@ -23,11 +23,12 @@ namespace algo {
 /// Where a kernel records the first expanded_idx_to_permuted_idx entry outside [-1, num_permuted_rows) it met;
 /// host-visible, read (and cleared) by Workspace::check().
 struct MoeIndexError {
-  std::uint32_t claim;  ///< 0: none; the first lane to meet a bad index claims the record
+  std::uint32_t claim;  ///< 0: none; the first lane to meet a bad index claims the record (and alone writes it)
   std::uint32_t token;  ///< where: expanded_idx_to_permuted_idx[token][k]
   std::uint32_t k;
   std::uint32_t value;  ///< the entry (an int32, as its bits)
   std::uint32_t rows;   ///< the call's num_permuted_rows
+  std::uint32_t ready;  ///< 1 once the fields above are written, stored after a system fence; the host reads it first
 };
 
 /// Experts per batch of the finalize's loads: their indices, then their rows, are loaded together (in flight at once).
@@ -35,7 +36,9 @@ inline constexpr int kMoeBatch = 8;
 
 namespace detail {
 
-// Records a bad index (the first one only). Out of line: the loop carries the call alone.
+// Records a bad index (the first one only): the claim picks one writer, which writes the fields, then publishes them
+// (system fence, then `ready`), so that the host, which reads `ready` first (acquire), never sees them half-written,
+// however it races the kernels. Out of line: the loop carries the call alone.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_NOINLINE FIAR_HD void record_bad_index(Ctx& ctx, MoeIndexError* error, int token, int k, int value, int rows) {
@@ -44,6 +47,8 @@ FIAR_NOINLINE FIAR_HD void record_bad_index(Ctx& ctx, MoeIndexError* error, int 
   ctx.store_relaxed(&error->token, static_cast<std::uint32_t>(token));
   ctx.store_relaxed(&error->k, static_cast<std::uint32_t>(k));
   ctx.store_relaxed(&error->value, static_cast<std::uint32_t>(value));
+  ctx.fence_system();
+  ctx.store_relaxed(&error->ready, 1u);
 }
 
 }  // namespace detail

@@ -450,10 +450,12 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
     }
   }
 
-  // Throws (once) the bad MoE index a call recorded, if any.
+  // Throws (once) the bad MoE index a call recorded, if any. `ready` first (acquire): the fields are whole then, and
+  // no kernel writes them again until the claim is released, after `ready` (a kernel still running may then record
+  // the next bad index, which the next check reports).
   void check_index_error() const {
     algo::MoeIndexError* e = index_error_.get();
-    if (e == nullptr || Pf::read_word(&e->claim) == 0) return;
+    if (e == nullptr || Pf::read_word(&e->ready) == 0) return;
     const auto value = static_cast<std::int32_t>(Pf::read_word(&e->value));
     const std::string text =
         "fiar: a MoE finalize call on rank " + std::to_string(this->topo_.rank) + ": expanded_idx_to_permuted_idx[" +
@@ -462,7 +464,8 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
         std::to_string(static_cast<std::int32_t>(Pf::read_word(&e->rows)) - 1) +
         ". The kernel skipped it (as -1), so that token's outputs lack one expert. Fix: pass the map of the "
         "permutation that produced in, and its rows as num_permuted_rows.";
-    exec::SystemAtomics::store_release(&e->claim, 0u);  // host memory on both platforms (allocate_host_visible)
+    exec::SystemAtomics::store_release(&e->ready, 0u);  // host memory on both platforms (allocate_host_visible)
+    exec::SystemAtomics::store_release(&e->claim, 0u);
     throw std::invalid_argument(text);
   }
 
