@@ -128,13 +128,12 @@ using exec::Vec16;
 /// and a batch is reissued whole while any word still holds the sentinel.
 inline constexpr int kPollBatch = 8;
 
-// The kernel's one system-scope fence, on its error path only: what this lane recorded (missing ranks, digests) is
-// visible to the host before the code that makes the host read it. Out of line, so the kernel holds one copy.
+// Raises `code` in the record, after what this lane recorded (missing ranks, digests): publish_bits, the kernel's one
+// system-scope fence.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_NOINLINE FIAR_HD void raise_code(Ctx& ctx, ErrorRecord* error, std::uint32_t code) {
-  ctx.fence_system();
-  ctx.fetch_or_relaxed(&error->code, code);
+FIAR_HD inline void raise_code(Ctx& ctx, ErrorRecord* error, std::uint32_t code) {
+  publish_bits(ctx, &error->code, code);
 }
 
 // Records that the ranks of `late` (bit i: rank r0 + i; r0 % 32 + the mask's width stays within one word: r0 is a

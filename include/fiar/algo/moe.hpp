@@ -36,8 +36,18 @@ inline constexpr int kMoeBatch = 8;
 
 namespace detail {
 
+// A kernel's one system-scope fence, on its error paths only: what this lane recorded is visible to the host before
+// `bits` are set in the host-visible word the host reads first. Out of line, and shared by every error record (the
+// Lamport kernels' ErrorRecord, the MoE finalize's MoeIndexError), so that a kernel holds one copy of the fence.
+FIAR_EXEC_CHECK_DISABLE
+template <class Ctx>
+FIAR_NOINLINE FIAR_HD void publish_bits(Ctx& ctx, std::uint32_t* word, std::uint32_t bits) {
+  ctx.fence_system();
+  ctx.fetch_or_relaxed(word, bits);
+}
+
 // Records a bad index (the first one only): the claim picks one writer, which writes the fields, then publishes them
-// (system fence, then `ready`), so that the host, which reads `ready` first (acquire), never sees them half-written,
+// (publish_bits sets `ready`), so that the host, which reads `ready` first (acquire), never sees them half-written,
 // however it races the kernels. Out of line: the loop carries the call alone.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
@@ -47,8 +57,7 @@ FIAR_NOINLINE FIAR_HD void record_bad_index(Ctx& ctx, MoeIndexError* error, int 
   ctx.store_relaxed(&error->token, static_cast<std::uint32_t>(token));
   ctx.store_relaxed(&error->k, static_cast<std::uint32_t>(k));
   ctx.store_relaxed(&error->value, static_cast<std::uint32_t>(value));
-  ctx.fence_system();
-  ctx.store_relaxed(&error->ready, 1u);
+  publish_bits(ctx, &error->ready, 1u);
 }
 
 }  // namespace detail
