@@ -418,6 +418,9 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
         rms_gamma = None if "gamma" in unused else rms_gamma
         gamma_pre = None if "gamma_pre" in unused else gamma_pre
         scale_factor = None if "scale" in unused else scale_factor
+        expanded_idx_to_permuted_idx = None if "expanded_idx" in unused else expanded_idx_to_permuted_idx
+        expert_scale_factor = None if "expert_scale" in unused else expert_scale_factor
+        shared_expert_output = None if "shared_expert_out" in unused else shared_expert_output
         if "scale_out" in unused and "block_scale_out" in unused:
             scale_out = None
 
