@@ -407,67 +407,36 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
             raise ValueError(f"norm_out is set, but pattern {pattern} does not write it; pass None, or the pattern's "
                              "'Out' variant")
         norm_out = None  # FlashInfer ignores it too
+    # The call's tensors by module.cpp's names (the scales are block_scale_out where the pattern has block scales).
+    scales = "block_scale_out" if fiar_pattern in (_NVFP4, _FP8_GROUP, _MXFP8) else "scale_out"
+    t = {"input": input, "output": output, "residual_in": residual_in, "residual_out": residual_out,
+         "gamma": rms_gamma, "gamma_pre": gamma_pre, "norm_out": norm_out, "quant_out": quant_out,
+         "scale": scale_factor, scales: scale_out, "expanded_idx": expanded_idx_to_permuted_idx,
+         "expert_scale": expert_scale_factor, "shared_expert_out": shared_expert_output}
     if not strict:  # what the pattern neither reads nor writes is not looked at
         uses = _USES[fiar_pattern]
-        unused = {k for k, name in _FUSED_NAMES.items() if uses[name] == "unused"}
-        output = None if "output" in unused else output
-        residual_in = None if "residual_in" in unused else residual_in
-        residual_out = None if "residual_out" in unused else residual_out
-        norm_out = None if "norm_out" in unused else norm_out
-        quant_out = None if "quant_out" in unused else quant_out
-        rms_gamma = None if "gamma" in unused else rms_gamma
-        gamma_pre = None if "gamma_pre" in unused else gamma_pre
-        scale_factor = None if "scale" in unused else scale_factor
-        expanded_idx_to_permuted_idx = None if "expanded_idx" in unused else expanded_idx_to_permuted_idx
-        expert_scale_factor = None if "expert_scale" in unused else expert_scale_factor
-        shared_expert_output = None if "shared_expert_out" in unused else shared_expert_output
-        if "scale_out" in unused and "block_scale_out" in unused:
-            scale_out = None
+        t = {k: None if uses[_FUSED_NAMES[k]] == "unused" else v for k, v in t.items()}
 
     # The MoE patterns' outputs have a row per token (expanded_idx_to_permuted_idx's), `input` one per permuted row.
     moe = fiar_pattern in (_MOE_ALLREDUCE, _MOE_RESIDUAL_RMSNORM)
-    rows = expanded_idx_to_permuted_idx.shape[0] if moe and expanded_idx_to_permuted_idx is not None else None
-    if fiar_pattern in (_ALLREDUCE, _MOE_ALLREDUCE) and output is None:
-        output = _empty_like(input, rows)
-    if fiar_pattern in _RESIDUAL and residual_out is None and residual_in is not None:
-        residual_out = _empty_like(residual_in)
-    if wants_norm_out and norm_out is None:
-        norm_out = _empty_like(input, rows)
+    rows = t["expanded_idx"].shape[0] if moe and t["expanded_idx"] is not None else None
+    if fiar_pattern in (_ALLREDUCE, _MOE_ALLREDUCE) and t["output"] is None:
+        t["output"] = _empty_like(input, rows)
+    if fiar_pattern in _RESIDUAL and t["residual_out"] is None and t["residual_in"] is not None:
+        t["residual_out"] = _empty_like(t["residual_in"])
+    if wants_norm_out and t["norm_out"] is None:
+        t["norm_out"] = _empty_like(input, rows)
+    if isinstance(t["scale"], (int, float)):  # fiar reads the scale from memory, as FlashInfer's kernel does
+        t["scale"] = _scalar_like(input, float(t["scale"]))
 
-    args = {
-        "pattern": fiar_pattern,
-        "strategy": _STRATEGIES[strategy],
-        "strict": bool(strict),
-        "input": input,
-        "output": output,
-        "residual_in": residual_in,
-        "residual_out": residual_out,
-        "gamma": rms_gamma,
-        "gamma_pre": gamma_pre,
-        "norm_out": norm_out,
-        "quant_out": quant_out,
-        "eps": float(rms_eps),
-        "weight_bias": float(weight_bias or 0.0),
-        # fiar's ScaleLayout: Swizzled128x4 = 0, Linear = 1 (FlashInfer's LINEAR is 2).
-        "layout": _LAYOUT_CODES.get(layout_code, 0),
-        "group_scale": group_scale,
-        "expanded_idx": expanded_idx_to_permuted_idx,
-        "expert_scale": expert_scale_factor,
-        "shared_expert_out": shared_expert_output,
-        "routed_scaling_factor": float(routed_scaling_factor),
-    }
+    args = dict(t, pattern=fiar_pattern, strategy=_STRATEGIES[strategy], strict=bool(strict), eps=float(rms_eps),
+                weight_bias=float(weight_bias or 0.0), group_scale=group_scale,
+                routed_scaling_factor=float(routed_scaling_factor),
+                layout=_LAYOUT_CODES.get(layout_code, 0))  # fiar's ScaleLayout (FlashInfer's LINEAR, 2, is its 1)
     if fiar_pattern == _FP8_GROUP:
         if block_quant_group_size is None:
             raise ValueError("block_quant_group_size is required by the per-token-group FP8 patterns")
         args["group_size"] = int(block_quant_group_size)
-    if fiar_pattern in (_NVFP4, _FP8_GROUP, _MXFP8):
-        args["block_scale_out"] = scale_out
-    else:
-        args["scale_out"] = scale_out
-    if scale_factor is not None:
-        if isinstance(scale_factor, (int, float)):  # fiar reads the scale from memory, as FlashInfer's kernel does
-            scale_factor = _scalar_like(input, float(scale_factor))
-        args["scale"] = scale_factor
     # ml_dtypes' bfloat16 numpy arrays go as uint16 views (numpy's DLPack has no bfloat16), relabelled in C++.
     views = [k for k, v in args.items() if type(v).__module__ == "numpy" and v.dtype.name == "bfloat16"]
     if views:
@@ -476,11 +445,7 @@ def allreduce_fusion(input: Any, workspace: Workspace, pattern: int, launch_with
         _torch_glue.call(_torch_op, workspace._id, args)  # the op takes the caller's current stream on a GPU
     else:
         workspace._impl.run(args)  # a CUDA tensor that is not torch's: the default stream
-    if norm_out is not None:
-        return norm_out
-    if quant_out is not None:
-        return quant_out
-    return output
+    return next((t[k] for k in ("norm_out", "quant_out") if t[k] is not None), t["output"])
 
 
 # ---- FlashInfer's legacy trtllm entry points (flattened tensors, the workspace as a pointer table) ----
@@ -559,7 +524,8 @@ def trtllm_allreduce_fusion(allreduce_in: Any, world_size: int, world_rank: int,
     meta = workspace_ptrs.metadata if metadata is None else metadata
     if world_size != meta["tp_size"] or world_rank != meta["tp_rank"]:
         raise ValueError(f"world_size {world_size}, world_rank {world_rank}: the workspace was created for tp_size "
-                         f"{meta['tp_size']}, tp_rank {meta['tp_rank']}")
+                         f"{meta['tp_size']}, tp_rank {meta['tp_rank']}. Fix: pass the tp_size and tp_rank it was "
+                         "created with.")
     if hidden_dim != meta["hidden_dim"] or token_num > meta["max_token_num"]:
         raise ValueError(f"token_num {token_num} x hidden_dim {hidden_dim}: the workspace takes hidden_dim "
                          f"{meta['hidden_dim']} and up to max_token_num {meta['max_token_num']} tokens (fiar's "

@@ -177,17 +177,17 @@ void* checked(const std::optional<Array>& a, const char* name, const TensorSpec&
   return t.data();
 }
 
-// A buffer fiar writes bytes into, as FlashInfer takes one (flashinfer-compatible calls, strict=False): any element
-// type and shape, contiguous, holding at least `need` bytes. FlashInfer's own tests pass a bf16 tensor as quant_out,
-// and vLLM an int32 scale buffer viewed as float8.
-void* checked_bytes(const Array& t, const char* name, std::size_t need, const char* what) {
+// A buffer fiar writes bytes into: contiguous, holding at least `need` bytes, whatever its shape. Without strict
+// checks (flashinfer-compatible calls) of any element type, as FlashInfer takes one: its own tests pass a bf16 tensor
+// as quant_out, vLLM an int32 scale buffer viewed as float8. `note` follows the byte count in the message.
+void* checked_bytes(const Array& t, const char* name, std::size_t need, const char* what, const char* note = "") {
   std::size_t elements = 0;
   const bool contiguous = row_major(t, elements);
   const std::size_t size = elements * ((t.dtype().bits * t.dtype().lanes + 7u) / 8u);
   if (!contiguous || size < need) {
     throw nb::value_error((std::string(name) + " holds " + std::to_string(size) +
                            (contiguous ? "" : " non-contiguous") + " bytes; this call's " + what + " take " +
-                           std::to_string(need) + " contiguous bytes")
+                           std::to_string(need) + " contiguous bytes" + note)
                               .c_str());
   }
   return t.data();
@@ -232,17 +232,7 @@ void* checked_block_scales(const std::optional<Array>& a, fiar::Quant quant, std
     if (!fiar::is_valid(l)) return t.data();
     const std::size_t need =
         quant == fiar::Quant::Nvfp4 ? fiar::algo::nvfp4_scale_bytes(n, h, l) : fiar::algo::mxfp8_scale_bytes(n, h, l);
-    if (!strict)
-      return checked_bytes(t, "scale_out", need, "block scales (the layout's padded rows and columns included)");
-    std::size_t size = 0;
-    const bool contiguous = row_major(t, size);
-    if (!contiguous || size < need) {
-      throw nb::value_error(("scale_out holds " + std::to_string(size) + (contiguous ? "" : " non-contiguous") +
-                             " bytes; this call's block scales take " + std::to_string(need) +
-                             " contiguous bytes (the layout's padded rows and columns included)")
-                                .c_str());
-    }
-    return t.data();
+    return checked_bytes(t, "scale_out", need, "block scales", " (the layout's padded rows and columns included)");
   }
   return t.data();  // a pattern without block scales: fiar rejects the tensor as an output it does not write
 }
