@@ -19,9 +19,11 @@ import sys
 BUDGETS = {
     "README.md": 300,
     "CHANGELOG.md": 260,
-    "docs/api.md": 600,
+    # One line per public header, and the host emulator's asynchronous mode; drops the CudaPlatform accessors' detail first.
+    "docs/api.md": 610,
     "docs/backends.md": 780,
-    "docs/design.md": 1280,
+    # Grew with the waits' failure word and the asynchronous emulator; drops the Status section's history first.
+    "docs/design.md": 1300,
     "docs/epilogues.md": 150,
     "docs/formats.md": 200,
     # Grows with the kernels' tables and the model's sections; drops the figures from before issue 18 first.
@@ -30,7 +32,7 @@ BUDGETS = {
     "docs/python.md": 215,
     # The message catalogue grows with every message the code can raise (check_messages.py holds it to them); when it
     # needs more, it drops its worked examples (multicast setup, TCP) first.
-    "docs/troubleshooting.md": 1950,
+    "docs/troubleshooting.md": 1980,
 }
 
 

@@ -31,13 +31,15 @@ template <ReduceType T>
 struct EpilogueParams : FusedArgs<T> {
   double inv_hidden = 0.0;  ///< 1 / hidden_dim in fp64 (the norm's mean: docs/design.md); 0: the kernel divides itself
   MoeIndexError* index_error = nullptr;  ///< MoE finalize: the workspace's record (null: not recorded)
+  std::uint32_t moe_call = 0;            ///< MoE finalize: the call's number (1, 2, ...), what a record names
 };
 
 /// A call's kernel parameters; with hidden_dim, also the norm's 1 / hidden_dim (the backends pass it; without it
 /// each norm kernel computes it itself, a fp64 division), and the record of bad MoE indices.
 template <ReduceType T>
-EpilogueParams<T> epilogue_params(const FusedArgs<T>& a, int hidden_dim = 0, MoeIndexError* index_error = nullptr) {
-  return EpilogueParams<T>{a, hidden_dim > 0 ? 1.0 / static_cast<double>(hidden_dim) : 0.0, index_error};
+EpilogueParams<T> epilogue_params(const FusedArgs<T>& a, int hidden_dim = 0, MoeIndexError* index_error = nullptr,
+                                  std::uint32_t moe_call = 0) {
+  return EpilogueParams<T>{a, hidden_dim > 0 ? 1.0 / static_cast<double>(hidden_dim) : 0.0, index_error, moe_call};
 }
 
 /// One 16-byte vector as its elements (kElemsPerVec<T> of T): what a user epilogue reads and writes (EpilogueToken).

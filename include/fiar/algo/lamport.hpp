@@ -38,26 +38,30 @@ using MulticastView = exec::MulticastView;
 /// Lamport buffers that rotate: a rank is at most one call ahead of its slowest peer.
 inline constexpr int kLamportBuffers = 3;
 
-/// Protocol state of one rank, in that rank's memory, advanced only by the kernels.
+/// Protocol state of one rank, in that rank's (device) memory, advanced only by the kernels.
 /// The first four words are read and written 16 bytes at a time (one load when a call begins, one store when it ends).
 struct alignas(16) LamportState {
   std::uint32_t call;            ///< calls completed (wraps at 2^32; names calls in digests and errors only)
   std::uint32_t buffer;          ///< the buffer the next call uses, 0 to 2 (not call % 3: 2^32 is 1 mod 3)
   std::uint32_t arrived;         ///< blocks of the running call that have finished
-  std::uint32_t reserved;        ///< 0
+  std::uint32_t reserved;        ///< 0 (finish_call's 16-byte store rewrites it)
   std::uint32_t dirty_words[3];  ///< words each buffer's last call wrote (cleared two calls later)
-  std::uint32_t reserved2;       ///< 0
+  /// The workspace's failure word: 0, or the code of its first failure (kError* bits), sticky. Every wait reads it
+  /// every kSpinsPerCheck spins and ends once it is set, so the calls queued behind a failed one drain at once; the
+  /// lane that sets it first alone writes the host-visible ErrorRecord. Device memory: waiting never reads host memory.
+  std::uint32_t failed;
 };
 
-/// Where a kernel reports a failure; host-visible, read by Workspace::check().
+/// Where a kernel reports the workspace's first failure; host-visible, read by Workspace::check(). Written once, by
+/// the lane that claimed LamportState::failed.
 struct ErrorRecord {
-  std::uint32_t code;        ///< kErrorNone, or kErrorTimeout and / or kErrorMismatch (bits)
+  std::uint32_t code;        ///< kErrorNone, or kErrorTimeout or kErrorMismatch (bits; kErrorBarrier with a timeout)
   std::uint32_t call;        ///< the call (LamportState::call) that timed out
+  std::uint32_t peer;        ///< kErrorMismatch: the rank whose call digest differs from this rank's
+  std::uint32_t reserved;    ///< 0
   std::uint32_t missing[2];  ///< bit r of the 64-bit mask (word r / 32): data sent by rank r itself never arrived
   std::uint32_t stalled[2];  ///< bit r: a result rank r reduces (two-shot owner) never arrived
-  std::uint32_t claim;       ///< the first lane to see a mismatch claims the record below (0 unclaimed)
-  std::uint32_t peer;        ///< kErrorMismatch: the rank whose call digest differs from this rank's
-  std::uint32_t theirs[4];   ///< its digest (CallDigest words)
+  std::uint32_t theirs[4];   ///< kErrorMismatch: its digest (CallDigest words)
   std::uint32_t mine[4];     ///< this rank's digest
 };
 static_assert(offsetof(ErrorRecord, theirs) % 16 == 0 && offsetof(ErrorRecord, mine) % 16 == 0,
@@ -65,6 +69,9 @@ static_assert(offsetof(ErrorRecord, theirs) % 16 == 0 && offsetof(ErrorRecord, m
 inline constexpr std::uint32_t kErrorNone = 0;
 inline constexpr std::uint32_t kErrorTimeout = 1;
 inline constexpr std::uint32_t kErrorMismatch = 2;
+/// ErrorRecord::code bit, with kErrorTimeout: a multimem barrier timed out (some rank's cluster never arrived; the
+/// barrier cannot tell which).
+inline constexpr std::uint32_t kErrorBarrier = 4;
 
 /// What every call tells its peers about itself, in the header of the Lamport buffer it uses: the call number
 /// (31 bits), num_tokens, the pattern and the strategy that runs (1 one-shot, 2 two-shot, 3 in-switch, 4 the NCCL
@@ -128,33 +135,48 @@ using exec::Vec16;
 /// and a batch is reissued whole while any word still holds the sentinel.
 inline constexpr int kPollBatch = 8;
 
-// Raises `code` in the record, after what this lane recorded (missing ranks, digests): publish_bits, the kernel's one
-// system-scope fence.
+/// Spins of a wait between two looks at the workspace's failure word, the clock and (when a peer is late) that peer's
+/// call digest: on the GPU the check costs a device-memory load, a clock read and a header load only every 32 spins
+/// (about 15-30 us of waiting), never a host-memory access. A context may set its own (Ctx::kSpinsPerCheck): the host
+/// emulator checks at every spin, since each of its spins yields the CPU (milliseconds on a loaded machine).
+inline constexpr std::uint32_t kSpinsPerCheck = 32;
+template <class Ctx>
+FIAR_HD constexpr std::uint32_t spins_per_check() {
+  if constexpr (requires { Ctx::kSpinsPerCheck; }) {
+    return Ctx::kSpinsPerCheck;
+  } else {
+    return kSpinsPerCheck;
+  }
+}
+
+// The call's digest as this rank sends it (its number, then what the engine set in the links).
+FIAR_HD inline Vec16 call_digest(const LamportLinks& p, std::uint32_t call) {
+  return Vec16{call & 0x7fffffffu, p.digest.num_tokens, p.digest.pattern, p.digest.strategy};
+}
+
+// Claims the workspace's first failure: true for the one lane (of any call and block) that sets the failure word
+// first. Only that lane writes the host record, so a failure costs one record write and later calls none.
+FIAR_EXEC_CHECK_DISABLE
+template <class Ctx>
+FIAR_HD inline bool claim_failure(Ctx& ctx, LamportState* state, std::uint32_t code) {
+  return ctx.fetch_or_relaxed(&state->failed, code) == 0;
+}
+
+// Publishes `code` in the host record, after the fields this lane wrote (missing ranks, digests): publish_bits, the
+// kernel's one system-scope fence.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline void raise_code(Ctx& ctx, ErrorRecord* error, std::uint32_t code) {
   publish_bits(ctx, &error->code, code);
 }
 
-// Records that the ranks of `late` (bit i: rank r0 + i; r0 % 32 + the mask's width stays within one word: r0 is a
-// multiple of kPollBatch, or late is one bit) and rank `also` (if >= 0) never delivered, and raises the timeout. Out
-// of line: a kernel's hot loop carries only the call.
+// Records a peer's call digest that differs from this rank's, if this is the workspace's first failure; every lane
+// that sees one stops trusting the call, and every later wait of the workspace ends (the failure word).
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_NOINLINE FIAR_HD void record_timeout(Ctx& ctx, ErrorRecord* error, int r0, std::uint32_t late, int also,
-                                          bool relayed, std::uint32_t call) {
-  std::uint32_t* mask = relayed ? error->stalled : error->missing;
-  if (late != 0) ctx.fetch_or_relaxed(mask + (r0 >> 5), late << (r0 & 31));
-  if (also >= 0) ctx.fetch_or_relaxed(mask + (also >> 5), 1u << (also & 31));
-  ctx.store_relaxed(&error->call, call);
-  raise_code(ctx, error, kErrorTimeout);
-}
-
-// The first lane to see a mismatch records both digests; every lane that sees one stops trusting the call.
-FIAR_EXEC_CHECK_DISABLE
-template <class Ctx>
-FIAR_NOINLINE FIAR_HD void record_mismatch(Ctx& ctx, ErrorRecord* error, int peer, Vec16 theirs, Vec16 mine) {
-  if (ctx.fetch_add_relaxed(&error->claim, 1u) != 0) return;  // picks the one writer; raise_code orders the rest
+FIAR_NOINLINE FIAR_HD void record_mismatch(Ctx& ctx, const LamportLinks& p, int peer, Vec16 theirs, Vec16 mine) {
+  ErrorRecord* const error = p.error;
+  if (!claim_failure(ctx, p.state, kErrorMismatch)) return;
   ctx.store_relaxed(&error->peer, static_cast<std::uint32_t>(peer));
   ctx.store16(error->theirs, theirs);  // 16-byte aligned (ErrorRecord's static_assert)
   ctx.store16(error->mine, mine);
@@ -163,36 +185,52 @@ FIAR_NOINLINE FIAR_HD void record_mismatch(Ctx& ctx, ErrorRecord* error, int pee
 
 // Where a poll reads, and what it does when its data is late.
 struct PollSite {
-  std::uint64_t deadline;  ///< 0: the call is already failed here, do not wait (and record nothing)
-  ErrorRecord* error;
+  std::uint64_t deadline;     ///< multimem barriers: 0, the call already failed here (do not wait, record nothing)
+  const LamportLinks* links;  ///< the rank's state (failure word) and error record
   std::uint32_t call;
 };
 
-// Whether a wait should end now: 0 no; 2 yes, silently: the call already failed here (deadline 0) or another lane of
-// this rank saw a mismatch (its data may never come); 1 yes, the deadline passed (the waiter records who is late).
-inline constexpr int kKeepWaiting = 0;
-inline constexpr int kTimedOut = 1;
-inline constexpr int kGaveUp = 2;
+// Whether a wait ends now; a wait asks every kSpinsPerCheck spins (out of line: the hot loop carries the call only).
+// It ends silently when the workspace has failed (its failure word: a timeout or a mismatch of any lane, this call or
+// an earlier one; a mismatch is found by the lane whose data batch carries the peer's digest, compared as soon as it
+// arrives, so every other wait of the rank ends at its next check) or, at a multimem barrier (kBarrier), when the call
+// already failed here (deadline 0). Once the deadline passed (a relayed wait's: a quarter of the timeout later) it
+// ends and, as the workspace's first failure, records a timeout naming the late ranks `late` << r0 (`relayed`: as
+// owners of results; r0 % 32 + the mask's width stays within one word: r0 is a multiple of kPollBatch, or late is one
+// bit), or at a barrier none (it cannot tell which).
 FIAR_EXEC_CHECK_DISABLE
-template <class Ctx>
-FIAR_HD inline int give_up(Ctx& ctx, const PollSite& site) {
-  if (site.deadline == 0 || (ctx.load_relaxed(&site.error->code) & kErrorMismatch) != 0) return kGaveUp;
-  return ctx.now_ns() > site.deadline ? kTimedOut : kKeepWaiting;
+template <bool kBarrier = false, class Ctx>
+FIAR_NOINLINE FIAR_HD bool stop_waiting(Ctx& ctx, PollSite site, int r0, std::uint32_t late, bool relayed) {
+  const LamportLinks& p = *site.links;
+  LamportState* const state = p.state;
+  ErrorRecord* const error = p.error;
+  if (ctx.load_relaxed(&state->failed) != 0) return true;
+  if constexpr (kBarrier) {
+    if (site.deadline == 0) return true;
+  }
+  // A relayed wait (a two-shot owner's result) gives up a quarter of the timeout later than the others, so that the
+  // rank's own waits for data, which name the missing rank itself, record the failure first.
+  if (ctx.now_ns() <= (relayed ? site.deadline + (p.timeout_ns >> 2) : site.deadline)) return false;
+  const std::uint32_t code = kBarrier ? kErrorBarrier | kErrorTimeout : kErrorTimeout;
+  if (claim_failure(ctx, state, code)) {
+    if constexpr (!kBarrier) {
+      ctx.store_relaxed((relayed ? error->stalled : error->missing) + (r0 >> 5), late << (r0 & 31));
+    }
+    ctx.store_relaxed(&error->call, site.call);
+    raise_code(ctx, error, code);
+  }
+  return true;
 }
 
 // One 16-byte word of this rank's buffer, polled until no word is the sentinel; `peer` sent it (`relayed`: it only
-// forwards a result it reduced, two-shot). Still holds a sentinel when the wait ended without it (recorded at the
-// deadline).
+// forwards a result it reduced, two-shot). Still holds a sentinel when the wait ended without it.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline Vec16 poll(Ctx& ctx, const std::uint32_t* p, const PollSite& site, int peer, bool relayed) {
   Vec16 v = ctx.load16(p);
+  std::uint32_t spins = 0;
   while (exec::has_sentinel(v)) {
-    const int verdict = give_up(ctx, site);
-    if (verdict != kKeepWaiting) {
-      if (verdict == kTimedOut) record_timeout(ctx, site.error, peer, 1u, -1, relayed, site.call);
-      break;
-    }
+    if (++spins % spins_per_check<Ctx>() == 0 && stop_waiting(ctx, site, peer, 1u, relayed)) break;
     ctx.pause();
     v = ctx.load16(p);
   }
@@ -219,9 +257,9 @@ struct DigestCheck {
 // Compares a digest that arrived with this rank's own; a mismatch is recorded (out of line) and fails the call here.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_HD inline bool digest_matches(Ctx& ctx, ErrorRecord* error, const DigestCheck& d, const Vec16& mine) {
+FIAR_HD inline bool digest_matches(Ctx& ctx, const LamportLinks& p, const DigestCheck& d, const Vec16& mine) {
   if (d.value.x == mine.x && d.value.y == mine.y && d.value.z == mine.z && d.value.w == mine.w) return true;
-  record_mismatch(ctx, error, d.rank, d.value, mine);
+  record_mismatch(ctx, p, d.rank, d.value, mine);
   return false;
 }
 
@@ -245,8 +283,8 @@ FIAR_HD inline FloatPack<T> reduce_slots(Ctx& ctx, const std::uint32_t* first, s
   // Slot addresses step by a 64-bit byte stride: one add per slot, no per-slot index arithmetic.
   const std::size_t step = static_cast<std::size_t>(stride) * sizeof(std::uint32_t);
   const char* batch = reinterpret_cast<const char*>(first);
-  // kKeepWaiting; kTimedOut (later batches are read once and what is late is named); kGaveUp (silently).
-  int gave_up = kKeepWaiting;
+  bool stopped = false;  // the wait ended without its data: later batches are read once
+  std::uint32_t spins = 0;
   FIAR_NO_UNROLL
   for (int r0 = 0; r0 < world || (kDigestWalk && digest.at != nullptr); r0 += kPollBatch, batch += kPollBatch * step) {
     const int n = world - r0 < kPollBatch ? world - r0 : kPollBatch;  // <= 0: a batch that only carries a digest
@@ -264,9 +302,9 @@ FIAR_HD inline FloatPack<T> reduce_slots(Ctx& ctx, const std::uint32_t* first, s
       digest_late = digest.at != nullptr && exec::has_sentinel(digest.value);
       if (digest.at != nullptr && !digest_late) {
         // Compared as soon as it is here, data or not: a differing call may never send the data this lane waits for.
-        if (!digest_matches(ctx, site.error, digest, mine)) {
+        if (!digest_matches(ctx, *site.links, digest, mine)) {
           ok = false;
-          gave_up = kGaveUp;
+          stopped = true;
           digest.step = 0;
         }
         if constexpr (kDigestWalk) {  // the next one rides on the next batch
@@ -278,16 +316,16 @@ FIAR_HD inline FloatPack<T> reduce_slots(Ctx& ctx, const std::uint32_t* first, s
           digest.at = nullptr;
         }
       }
-      if ((late == 0 && !digest_late) || gave_up != kKeepWaiting) break;
-      gave_up = give_up(ctx, site);
-      if (gave_up != kKeepWaiting) break;
+      if ((late == 0 && !digest_late) || stopped) break;
+      if (++spins % spins_per_check<Ctx>() == 0 &&
+          stop_waiting(ctx, site, late != 0 ? r0 : digest.rank, late != 0 ? late : 1u, false)) {
+        stopped = true;
+        break;
+      }
       ctx.pause();
     }
     if (late != 0 || digest_late) {
       ok = false;
-      if (gave_up == kTimedOut) {
-        record_timeout(ctx, site.error, r0, late, digest_late ? digest.rank : -1, false, site.call);
-      }
       digest.at = nullptr;
     }
     FIAR_UNROLL  // in rank order; slots past the last rank hold +0 (the sum never is -0: inputs are sanitized)
@@ -389,7 +427,7 @@ FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportLinks& p) {
   const std::uint32_t call = head.x;
   const std::uint32_t buffer = head.y;
   const std::uint32_t prev = buffer == 0 ? kLamportBuffers - 1 : buffer - 1;
-  const Vec16 digest{call & 0x7fffffffu, p.digest.num_tokens, p.digest.pattern, p.digest.strategy};
+  const Vec16 digest = call_digest(p, call);
   const auto words = static_cast<std::uint32_t>(p.buffer_words);
   return CallFrame{deadline, call, buffer, buffer * words, prev * words, prev, digest};
 }
@@ -432,7 +470,7 @@ FIAR_NOINLINE FIAR_HD bool check_digest_range(Ctx& ctx, const std::uint32_t* hea
   for (int r = from; r < world; r += step) {
     const std::uint32_t* at = header + static_cast<std::uint32_t>(r) * exec::kWordsPerVec;
     const Vec16 d = poll(ctx, at, site, r, false);
-    if (exec::has_sentinel(d) || !digest_matches(ctx, site.error, DigestCheck{at, d, r, 0}, mine)) ok = false;
+    if (exec::has_sentinel(d) || !digest_matches(ctx, *site.links, DigestCheck{at, d, r, 0}, mine)) ok = false;
   }
   return ok;
 }
@@ -457,7 +495,7 @@ FIAR_HD inline void finish_digests(Ctx& ctx, const LamportLinks& p, const CallFr
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
 FIAR_HD inline PollSite check_digests(Ctx& ctx, const LamportLinks& p, const CallFrame& f) {
-  PollSite site{f.deadline, p.error, f.call};
+  PollSite site{f.deadline, &p, f.call};
   if (p.verify && !check_digest_range(ctx, p.buffers[p.rank] + f.cur, p.world_size, f.digest, site, 0, 1)) {
     site.deadline = 0;
   }
@@ -501,7 +539,7 @@ FIAR_HD void lamport_oneshot(Ctx& ctx, const LamportParams<T, CallParams<P, T>>&
   // 3. Poll and reduce in rank order (identical bits on every rank), then the epilogue. The digests ride on the data:
   //    element e (token t, vector v: e = t x vecs + v) checks the digests of ranks e, e + E, e + 2E, ... below W (E:
   //    the call's elements), so every rank's digest is checked by exactly one element, whatever the shape.
-  const PollSite site{f.deadline, p.error, f.call};
+  const PollSite site{f.deadline, &p, f.call};
   const std::uint32_t* const header = p.buffers[p.rank] + f.cur;
   const auto elements = static_cast<std::uint32_t>(p.epi.num_tokens) * vecs;
   FIAR_NO_UNROLL
@@ -585,7 +623,7 @@ FIAR_HD void lamport_twoshot(Ctx& ctx, const LamportParams<T, CallParams<P, T>>&
 
   // 3. Reduce the owned chunk over every lane of the grid and broadcast what arrived whole (the first batch of the
   //    first W lanes carrying their digest checks).
-  const PollSite site{f.deadline, p.error, f.call};
+  const PollSite site{f.deadline, &p, f.call};
   DigestCheck digest = first_digest(ctx, p, f);
   const int first = p.rank * chunk;
   const int owned =

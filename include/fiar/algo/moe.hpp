@@ -23,11 +23,14 @@ namespace algo {
 /// Where a kernel records the first expanded_idx_to_permuted_idx entry outside [-1, num_permuted_rows) it met;
 /// host-visible, read (and cleared) by Workspace::check().
 struct MoeIndexError {
-  std::uint32_t claim;  ///< 0: none; the first lane to meet a bad index claims the record (and alone writes it)
+  /// Bit 0 set: claimed (a lane writes or wrote the record, not reported yet). Clear: free, and bits 1-31 the number
+  /// of the last call reported (EpilogueParams::moe_call, 0 none), so that the same call never records twice.
+  std::uint32_t claim;
   std::uint32_t token;  ///< where: expanded_idx_to_permuted_idx[token][k]
   std::uint32_t k;
   std::uint32_t value;  ///< the entry (an int32, as its bits)
   std::uint32_t rows;   ///< the call's num_permuted_rows
+  std::uint32_t call;   ///< the recording call's EpilogueParams::moe_call (31 bits)
   std::uint32_t ready;  ///< 1 once the fields above are written, stored after a system fence; the host reads it first
 };
 
@@ -46,13 +49,25 @@ FIAR_NOINLINE FIAR_HD void publish_bits(Ctx& ctx, std::uint32_t* word, std::uint
   ctx.fetch_or_relaxed(word, bits);
 }
 
-// Records a bad index (the first one only): the claim picks one writer, which writes the fields, then publishes them
-// (publish_bits sets `ready`), so that the host, which reads `ready` first (acquire), never sees them half-written,
-// however it races the kernels. Out of line: the loop carries the call alone.
+// Records a bad index (the first one of a call only): the claim picks one writer, which writes the fields, then
+// publishes them (publish_bits sets `ready`), so that the host, which reads `ready` first (acquire), never sees them
+// half-written, however it races the kernels. The host frees the claim once it reported the record, writing the
+// reported call's number into it, possibly while that call's kernel runs on: a lane of that call then finds its own
+// number in the word its claim returned, and frees it again instead of recording the call twice. Out of line: the
+// loop carries the call alone.
 FIAR_EXEC_CHECK_DISABLE
 template <class Ctx>
-FIAR_NOINLINE FIAR_HD void record_bad_index(Ctx& ctx, MoeIndexError* error, int token, int k, int value, int rows) {
-  if (error == nullptr || ctx.fetch_add_relaxed(&error->claim, 1u) != 0) return;
+FIAR_NOINLINE FIAR_HD void record_bad_index(Ctx& ctx, MoeIndexError* error, int token, int k, int value, int rows,
+                                            std::uint32_t call) {
+  if (error == nullptr) return;
+  const std::uint32_t mine = call << 1;
+  const std::uint32_t before = ctx.fetch_or_relaxed(&error->claim, 1u);
+  if ((before & 1u) != 0) return;  // another lane's record, not reported yet
+  if (before == mine) {            // this call's record was reported already: free again
+    ctx.store_relaxed(&error->claim, mine);
+    return;
+  }
+  ctx.store_relaxed(&error->call, call);
   ctx.store_relaxed(&error->rows, static_cast<std::uint32_t>(rows));
   ctx.store_relaxed(&error->token, static_cast<std::uint32_t>(token));
   ctx.store_relaxed(&error->k, static_cast<std::uint32_t>(k));
@@ -89,7 +104,7 @@ FIAR_HD exec::Vec16 moe_contribution(Ctx& ctx, const EpilogueParams<T>& e, int t
     for (int j = 0; j < kMoeBatch; ++j) {
       const bool valid = row[j] >= 0 && row[j] < e.num_permuted_rows;
       if (!valid && row[j] != -1)
-        detail::record_bad_index(ctx, e.index_error, token, k0 + j, row[j], e.num_permuted_rows);
+        detail::record_bad_index(ctx, e.index_error, token, k0 + j, row[j], e.num_permuted_rows, e.moe_call);
       row[j] = valid ? row[j] : -1;
       x[j] = valid ? detail::load_row(e.in, row[j], vecs_per_token, vec) : exec::Vec16{0, 0, 0, 0};
     }

@@ -27,10 +27,6 @@
 FIAR_BEGIN_NAMESPACE
 namespace algo {
 
-/// ErrorRecord::code bit: a multimem barrier timed out (some rank's cluster never arrived; the barrier cannot tell
-/// which).
-inline constexpr std::uint32_t kErrorBarrier = 4;
-
 /// Data words a multimem call of `tokens` tokens writes into one Lamport buffer, after the header: one copy of the
 /// call (this rank's input, then the sum).
 FIAR_HD constexpr std::size_t multimem_words(int tokens, int vecs_per_token) {
@@ -86,12 +82,10 @@ FIAR_HD inline bool multimem_barrier(Ctx& ctx, const MultimemParams<T, Epi>& m, 
       const std::uint32_t target =
           ctx.load_relaxed(m.generations + t) + phase * static_cast<std::uint32_t>(p.world_size);
       const std::uint32_t* mine = p.buffers[p.rank] + m.counters + t;
+      std::uint32_t spins = 0;
       while (static_cast<std::int32_t>(ctx.load_acquire(mine) - target) < 0) {
-        if (site.deadline == 0 || ctx.now_ns() > site.deadline) {
-          if (site.deadline != 0) {
-            ctx.store_relaxed(&p.error->call, site.call);
-            raise_code(ctx, p.error, kErrorBarrier | kErrorTimeout);
-          }
+        // Every kSpinsPerCheck spins: the failure word and the clock (a barrier cannot name a late rank).
+        if (++spins % spins_per_check<Ctx>() == 0 && stop_waiting<true>(ctx, site, 0, 0u, false)) {
           ok = false;
           break;
         }

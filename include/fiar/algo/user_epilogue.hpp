@@ -58,7 +58,23 @@ class EpilogueToken {
 
   /// The all-reduce's sum of vector v of the token (this lane's vectors only). A second call for the same vector
   /// reads it again (the same bits, another wait on the Lamport buffer or another load).
-  FIAR_HD Elems<T> sum(int v) { return detail::unpack<T>(fetch_(v)); }
+  FIAR_HD Elems<T> sum(int v) {
+    const int i = (v - first_) / step_;
+    if (i >= 0 && i < 64) fetched_ |= std::uint64_t{1} << i;
+    return detail::unpack<T>(fetch_(v));
+  }
+
+  /// Called by the protocol after finish(): fetches (waits for) this lane's vectors that finish() did not read, so
+  /// that no peer's store into this call's buffer is still on its way when a later call clears the buffer (a late
+  /// store landing after the clear would be read three calls later as that call's data). The lane's first 64 vectors
+  /// are tracked; any further ones are fetched again either way (one load each once their data is there).
+  FIAR_HD void drain() {
+    int i = 0;
+    FIAR_NO_UNROLL
+    for (int v = first_; v < vecs_; v += step_, ++i) {
+      if (i >= 64 || ((fetched_ >> i) & 1u) == 0) (void)fetch_(v);
+    }
+  }
 
   /// Vector v of row `row` of a row-major tensor of hidden_dim elements per row (a call's tensors are far below 2^32
   /// vectors: 32-bit index).
@@ -94,6 +110,7 @@ class EpilogueToken {
   Fetch& fetch_;
   int token_, num_tokens_, vecs_;
   int first_ = 0, step_ = 1;
+  std::uint64_t fetched_ = 0;  ///< bit i: finish() read this lane's vector first + i x step
 };
 
 namespace detail {
@@ -158,6 +175,7 @@ FIAR_HD void epilogue_token(Ctx& ctx, T* out, const CallParams<E, T>& e, int tok
   } else {
     EpilogueToken<T, Ctx, std::remove_reference_t<Fetch>> view(ctx, fetch, token, e.num_tokens, vecs_per_token);
     user_epilogue_t<E>::finish(e.user, view);
+    view.drain();
   }
 }
 

@@ -98,6 +98,7 @@ class NcclEngine {
           PassParams{nullptr, nullptr, epi.num_tokens, vecs_per_token_, epi, staged}, stream);
       in = staged;
     }
+    wait_if_queued(platform, stream);  // the emulator's library sum runs on the host, after what is queued
     const T* sum = coll_.allreduce(in, out, epi.num_tokens, count, epilogue_code<E>(), to_string(E), stream);
     if constexpr (!kPlainSum) {
       platform.template launch<NcclEpilogue<E, T>>(PassParams{sum, nullptr, epi.num_tokens, vecs_per_token_, epi},

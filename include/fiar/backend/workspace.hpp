@@ -47,9 +47,11 @@
 #include "../platform/concept.hpp"
 #include "../platform/cuda.hpp"
 #include "../runtime/nccl.hpp"
+#include "../runtime/posix.hpp"
 #include "lamport.hpp"
 #include "mnnvl.hpp"
 #include "nccl.hpp"
+#include "streams.hpp"
 #include "trtllm.hpp"
 #include "validate.hpp"
 
@@ -290,6 +292,7 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
       nccl_.emplace(this->platform_, boot, topo, cfg, this->thresholds_.nccl_symmetric_max_bytes);
     }
     allocate_index_error();
+    agree_group(boot);
     warn_if_slow(topo);
   }
 
@@ -306,6 +309,7 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
              })) {
     nccl_.emplace(this->platform_, boot, topo, cfg, this->thresholds_.nccl_symmetric_max_bytes, comm, true);
     allocate_index_error();
+    agree_group(boot);
     warn_if_slow(topo);
   }
 
@@ -339,7 +343,13 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   template <Pattern Q>
   void run(const FusedArgs<T>& a, cudaStream_t stream = nullptr, Strategy strategy = Strategy::Auto) {
     static_assert(is_valid(Q), "fiar: run<Q>: Q is not a Pattern enumerator");
-    submit<Q>(algo::epilogue_params(a, this->cfg_.hidden_dim, index_error_.get()), stream, strategy,
+    std::uint32_t moe_call = 0;
+    if constexpr (epilogue_prologue<Q>() == Prologue::MoeFinalize) {
+      moe_calls_ = (moe_calls_ + 1) & 0x7fffffffu;  // 31 bits (MoeIndexError::claim); 0 names no call
+      if (moe_calls_ == 0) moe_calls_ = 1;
+      moe_call = moe_calls_;
+    }
+    submit<Q>(algo::epilogue_params(a, this->cfg_.hidden_dim, index_error_.get(), moe_call), stream, strategy,
               Q == Pattern::AllReduce, [&] {
                 detail::validate_fused<Q, T>(a, this->cfg_.hidden_dim, this->arch(), this->topo_.rank, this->platform_);
               });
@@ -426,6 +436,9 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   void submit(const algo::CallParams<E, T>& epi, cudaStream_t stream, Strategy strategy, bool needs_out,
               Validate&& validate) {
     const int hidden = this->cfg_.hidden_dim;
+    if constexpr (requires { this->platform_.stream_key(stream); }) {
+      if (streams_) streams_->claim(this->platform_.stream_key(stream));
+    }
     if constexpr (kLamport) {
       check_lamport();
       if (nccl_) nccl_->check_recorded();  // a workspace whose route failed launches nothing any more
@@ -436,7 +449,10 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
         // The digest first, through the Lamport buffers (with verify_calls): a rank that runs this call there meets
         // it, and every rank raises mismatch_error instead of waiting for a collective the other never joins.
         lamport_->template announce<E>(this->platform_, epi.num_tokens, stream);
-        if constexpr (Pf::synchronous) check_lamport();
+        if constexpr (Pf::synchronous) {
+          detail::wait_if_queued(this->platform_, stream);  // the emulator's asynchronous mode: the digests first
+          check_lamport();
+        }
         nccl_->template launch<E>(this->platform_, epi, hidden, stream);
       } else {
         lamport_->template launch<E>(this->platform_, epi, s, stream);
@@ -451,12 +467,13 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   }
 
   // Throws (once) the bad MoE index a call recorded, if any. `ready` first (acquire): the fields are whole then, and
-  // no kernel writes them again until the claim is released, after `ready` (a kernel still running may then record
-  // the next bad index, which the next check reports).
+  // no kernel writes them again until the claim is released, after `ready` (a kernel still running may then record a
+  // later call's bad index, which the next check reports; never its own call's again: record_bad_index).
   void check_index_error() const {
     algo::MoeIndexError* e = index_error_.get();
     if (e == nullptr || Pf::read_word(&e->ready) == 0) return;
     const auto value = static_cast<std::int32_t>(Pf::read_word(&e->value));
+    const std::uint32_t call = Pf::read_word(&e->call);
     const std::string text =
         "fiar: a MoE finalize call on rank " + std::to_string(this->topo_.rank) + ": expanded_idx_to_permuted_idx[" +
         std::to_string(Pf::read_word(&e->token)) + "][" + std::to_string(Pf::read_word(&e->k)) +
@@ -464,8 +481,8 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
         std::to_string(static_cast<std::int32_t>(Pf::read_word(&e->rows)) - 1) +
         ". The kernel skipped it (as -1), so that token's outputs lack one expert. Fix: pass the map of the "
         "permutation that produced in, and its rows as num_permuted_rows.";
-    exec::SystemAtomics::store_release(&e->ready, 0u);  // host memory on both platforms (allocate_host_visible)
-    exec::SystemAtomics::store_release(&e->claim, 0u);
+    exec::SystemAtomics::store_release(&e->ready, 0u);         // host memory on both platforms (allocate_host_visible)
+    exec::SystemAtomics::store_release(&e->claim, call << 1);  // free, and that call reported
     throw std::invalid_argument(text);
   }
 
@@ -481,6 +498,13 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   }
   static StrategyThresholds thresholds(const Topology& topo, const WorkspaceConfig& cfg) {
     return fiar::strategy_thresholds(P::backend, topo, cfg);
+  }
+  // Collective: the group's id, the same on every rank (rank 0's random value), under which this rank claims the
+  // streams it calls on (two ranks of the group on one stream throw instead of waiting for each other).
+  template <Bootstrap B>
+  void agree_group(B& boot) {
+    const auto ids = all_gather_value(boot, detail::random_id());
+    streams_.emplace(ids[0], this->topo_.rank);
   }
   // The record of bad MoE indices (host-visible: host memory the kernels also write), cleared.
   void allocate_index_error() {
@@ -591,6 +615,9 @@ class Workspace : public detail::WorkspaceCore<T, Pf> {
   std::optional<Nccl> nccl_;        ///< nccl, or the NCCL route of trtllm / mnnvl
   detail::Borrowed<algo::MoeIndexError>
       index_error_;  ///< the platform's memory: where MoE finalize calls record a bad index
+  std::optional<detail::StreamClaim> streams_;
+  std::uint32_t moe_calls_ = 0;  ///< MoE finalize calls made (EpilogueParams::moe_call of the last)  ///< the stream
+                                 ///< this rank calls on, known to the group's other ranks
 };
 
 /// What every workspace offers (Workspace<P, T, Platform> for each backend, and AnyWorkspace).

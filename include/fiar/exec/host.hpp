@@ -31,13 +31,53 @@
 FIAR_BEGIN_NAMESPACE
 namespace exec {
 
+/// The memory spaces a GPU kernel of fiar reaches, as the emulator tells them apart (HostPlatform registers every
+/// allocation): this rank's device memory (protocol state, its own Lamport buffers), a peer's memory through its
+/// mapping, the group's multicast mapping (stores, load-reduces and adds through the view), host-visible memory
+/// (pinned host memory on a GPU: the error records), and everything else (the caller's tensors).
+enum class Space : int { Device, Peer, Multicast, HostVisible, Other };
+inline constexpr int kSpaces = 5;
+
+/// Per-space counts of the memory accesses of a platform's kernels (each 32-bit or 16-byte access counts one), for
+/// tests that hold the kernels to where they may reach: e.g. no host-visible access while a healthy call waits.
+/// Ranges are registered before any launch that could touch them, and read concurrently by the lanes.
+class AccessCounter {
+ public:
+  void add_range(const void* begin, std::size_t bytes, Space space) {
+    const auto b = reinterpret_cast<std::uintptr_t>(begin);
+    ranges_.push_back(Range{b, b + bytes, space});
+  }
+  [[nodiscard]] Space space_of(const void* p) const {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (const Range& r : ranges_) {
+      if (a >= r.begin && a < r.end) return r.space;
+    }
+    return Space::Other;
+  }
+  void count(const void* p) { count(space_of(p)); }
+  void count(Space s) { counts_[static_cast<int>(s)].fetch_add(1, std::memory_order_relaxed); }
+  /// Accesses counted so far in space s.
+  [[nodiscard]] std::uint64_t operator[](Space s) const {
+    return counts_[static_cast<int>(s)].load(std::memory_order_relaxed);
+  }
+
+ private:
+  struct Range {
+    std::uintptr_t begin, end;
+    Space space;
+  };
+  std::vector<Range> ranges_;
+  std::atomic<std::uint64_t> counts_[kSpaces] = {};
+};
+
 /// The execution context of one emulated lane.
 class HostCtx : public SystemAtomics {
  public:
   HostCtx(int lane, int lanes, int block, int blocks, std::barrier<>* block_barrier, float* block_scratch,
           int cluster_size = 1, std::barrier<>* cluster_barrier = nullptr, float* cluster_scratch = nullptr,
-          float* token_scratch = nullptr, float* group_scratch = nullptr)
-      : lane_(lane),
+          float* token_scratch = nullptr, float* group_scratch = nullptr, AccessCounter* counter = nullptr)
+      : counter_(counter),
+        lane_(lane),
         lanes_(lanes),
         block_(block),
         blocks_(blocks),
@@ -125,6 +165,10 @@ class HostCtx : public SystemAtomics {
     return cluster_reduce(max(x), [](float a, float b) { return a > b ? a : b; });
   }
 
+  /// A wait's checks (failure word, clock, late peer's digest: algo::kSpinsPerCheck) at every spin here: each spin
+  /// yields the CPU, which on a loaded machine costs milliseconds.
+  static constexpr std::uint32_t kSpinsPerCheck = 1;
+
   static std::uint64_t now_ns() {
     return static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -144,38 +188,70 @@ class HostCtx : public SystemAtomics {
   /// stores and acquire loads here: on the GPU a lane that reads a Lamport word and then writes memory another lane
   /// read before pushing that word (an in-place call: the push reads `in`, the epilogue writes `out` == `in`) is
   /// ordered by the data dependency; C++ has no such order, so the emulator states it and ThreadSanitizer checks it.
-  static Vec16 load16(const std::uint32_t* p) {
-    return Vec16{load_acquire(p), load_acquire(p + 1), load_acquire(p + 2), load_acquire(p + 3)};
+  Vec16 load16(const std::uint32_t* p) {
+    count(p);
+    return raw_load16(p);
   }
-  static void store16(std::uint32_t* p, const Vec16& v) {
-    store_release(p, v.x);
-    store_release(p + 1, v.y);
-    store_release(p + 2, v.z);
-    store_release(p + 3, v.w);
+  void store16(std::uint32_t* p, const Vec16& v) {
+    count(p);
+    raw_store16(p, v);
   }
   /// The clear's store (weak on the GPU; relaxed atomics here, since peers' pushes may follow without a lock).
-  static void store16_weak(std::uint32_t* p, const Vec16& v) {
-    store_relaxed(p, v.x);
-    store_relaxed(p + 1, v.y);
-    store_relaxed(p + 2, v.z);
-    store_relaxed(p + 3, v.w);
+  void store16_weak(std::uint32_t* p, const Vec16& v) {
+    count(p);
+    SystemAtomics::store_relaxed(p, v.x);
+    SystemAtomics::store_relaxed(p + 1, v.y);
+    SystemAtomics::store_relaxed(p + 2, v.z);
+    SystemAtomics::store_relaxed(p + 3, v.w);
+  }
+
+  /// The 32-bit system-scope atomics (SystemAtomics), counted by space when the platform counts accesses.
+  std::uint32_t load_relaxed(const std::uint32_t* p) {
+    count(p);
+    return SystemAtomics::load_relaxed(p);
+  }
+  std::uint32_t load_acquire(const std::uint32_t* p) {
+    count(p);
+    return SystemAtomics::load_acquire(p);
+  }
+  void store_relaxed(std::uint32_t* p, std::uint32_t v) {
+    count(p);
+    SystemAtomics::store_relaxed(p, v);
+  }
+  void store_release(std::uint32_t* p, std::uint32_t v) {
+    count(p);
+    SystemAtomics::store_release(p, v);
+  }
+  std::uint32_t fetch_add_acq_rel(std::uint32_t* p, std::uint32_t v) {
+    count(p);
+    return SystemAtomics::fetch_add_acq_rel(p, v);
+  }
+  std::uint32_t fetch_add_relaxed(std::uint32_t* p, std::uint32_t v) {
+    count(p);
+    return SystemAtomics::fetch_add_relaxed(p, v);
+  }
+  std::uint32_t fetch_or_relaxed(std::uint32_t* p, std::uint32_t v) {
+    count(p);
+    return SystemAtomics::fetch_or_relaxed(p, v);
   }
 
   /// A store through the group's multicast mapping: the emulator plays the NVSwitch and writes v at
   /// `offset` into every member's region (on the GPU, one multimem.st the switch replicates). Like the
   /// switch, it gives no order between members; each word is still single-copy atomic.
-  static void multicast_store16(const MulticastView& view, std::size_t offset, const Vec16& v) {
-    for (int m = 0; m < view.member_count; ++m) store16(view.members[m] + offset, v);
-    if (view.stores != nullptr) fetch_add_acq_rel(view.stores, 1u);
+  void multicast_store16(const MulticastView& view, std::size_t offset, const Vec16& v) {
+    count(Space::Multicast);
+    for (int m = 0; m < view.member_count; ++m) raw_store16(view.members[m] + offset, v);
+    if (view.stores != nullptr) SystemAtomics::fetch_add_acq_rel(view.stores, 1u);
   }
 
   /// A load-reduce through the multicast mapping: the members' 16 bytes at `offset`, summed element by element in
   /// fp32 in member (rank) order and rounded once to the element type (on the GPU the switch sums them, in an order
   /// it does not specify; multimem.ld_reduce with fp32 accumulation for 16-bit types).
-  static Vec16 multicast_ld_reduce16(const MulticastView& view, std::size_t offset, ReduceKind kind) {
+  Vec16 multicast_ld_reduce16(const MulticastView& view, std::size_t offset, ReduceKind kind) {
+    count(Space::Multicast);
     float acc[8] = {};
     for (int m = 0; m < view.member_count; ++m) {
-      const Vec16 v = load16(view.members[m] + offset);
+      const Vec16 v = raw_load16(view.members[m] + offset);
       const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
       for (int i = 0; i < 4; ++i) {
         if (kind == ReduceKind::F32) {
@@ -209,15 +285,33 @@ class HostCtx : public SystemAtomics {
 
   /// A system-scope release add through the multicast mapping: `value` added to the word at `offset` of every
   /// member (multimem.red.release.sys.add.u32 on the GPU). The fence first gives it release order.
-  static void multicast_add_release(const MulticastView& view, std::size_t offset, std::uint32_t value) {
+  void multicast_add_release(const MulticastView& view, std::size_t offset, std::uint32_t value) {
+    count(Space::Multicast);
     fence_system();
-    for (int m = 0; m < view.member_count; ++m) fetch_add_acq_rel(view.members[m] + offset, value);
+    for (int m = 0; m < view.member_count; ++m) SystemAtomics::fetch_add_acq_rel(view.members[m] + offset, value);
   }
 
   /// Orders unicast and multicast accesses to the same memory (fence.proxy.alias on the GPU): one memory here.
   static void fence_multicast() { fence_system(); }
 
  private:
+  void count(const void* p) {
+    if (counter_ != nullptr) counter_->count(p);
+  }
+  void count(Space s) {
+    if (counter_ != nullptr) counter_->count(s);
+  }
+  static Vec16 raw_load16(const std::uint32_t* p) {
+    return Vec16{SystemAtomics::load_acquire(p), SystemAtomics::load_acquire(p + 1), SystemAtomics::load_acquire(p + 2),
+                 SystemAtomics::load_acquire(p + 3)};
+  }
+  static void raw_store16(std::uint32_t* p, const Vec16& v) {
+    SystemAtomics::store_release(p, v.x);
+    SystemAtomics::store_release(p + 1, v.y);
+    SystemAtomics::store_release(p + 2, v.z);
+    SystemAtomics::store_release(p + 3, v.w);
+  }
+
   template <class Op>
   float reduce(float x, Op op) {
     scratch_[lane_] = x;
@@ -239,6 +333,7 @@ class HostCtx : public SystemAtomics {
     return total;
   }
 
+  AccessCounter* counter_;
   int lane_, lanes_, block_, blocks_, cluster_size_;
   std::barrier<>* barrier_;
   std::barrier<>* cluster_barrier_;
@@ -252,7 +347,8 @@ class HostCtx : public SystemAtomics {
 /// runs one kernel at a time.
 class HostGrid {
  public:
-  HostGrid(int blocks, int lanes, int cluster = 1) : blocks_(blocks), lanes_(lanes), cluster_(cluster) {
+  HostGrid(int blocks, int lanes, int cluster = 1, AccessCounter* counter = nullptr)
+      : blocks_(blocks), lanes_(lanes), cluster_(cluster), counter_(counter) {
     if (blocks < 1 || lanes < 1 || blocks * lanes > 4096) {
       throw std::invalid_argument("fiar: host emulator grid of " + std::to_string(blocks) + " blocks x " +
                                   std::to_string(lanes) +
@@ -311,7 +407,7 @@ class HostGrid {
                 scratch_.data() + static_cast<std::size_t>(block) * static_cast<std::size_t>(lanes_), cluster_,
                 cluster_barriers_[static_cast<std::size_t>(block / cluster_)].get(),
                 cluster_scratch_.data() + first_of_cluster, token_scratch(block / cluster_),
-                token_scratch(block / cluster_) + kMaxTokenVecs);
+                token_scratch(block / cluster_) + kMaxTokenVecs, counter_);
     std::uint64_t seen = 0;
     for (;;) {
       const std::function<void(HostCtx&)>* kernel = nullptr;
@@ -338,6 +434,7 @@ class HostGrid {
   }
 
   int blocks_, lanes_, cluster_;
+  AccessCounter* counter_;
   std::vector<std::unique_ptr<float[]>> token_scratch_;
   std::vector<std::unique_ptr<std::barrier<>>> barriers_;
   std::vector<std::unique_ptr<std::barrier<>>> cluster_barriers_;

@@ -30,6 +30,17 @@ struct NoOperation {
   template <class Ctx>
   FIAR_HD static void run(Ctx&, const Params&) {}
 };
+/// Waits for what is queued on `stream` where the platform queues launches on the host (the emulator's asynchronous
+/// mode), before host code reads what they wrote (the emulator's library sum); nothing on other platforms.
+template <class Pf>
+void wait_if_queued(Pf& platform, cudaStream_t stream) {
+  if constexpr (requires {
+                  platform.asynchronous();
+                  platform.synchronize(stream);
+                }) {
+    if (platform.asynchronous()) platform.synchronize(stream);
+  }
+}
 }  // namespace detail
 
 /// Where a workspace's memory lives and how its operations run: options, collective allocation of rank-visible

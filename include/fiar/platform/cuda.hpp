@@ -294,6 +294,15 @@ class CudaPlatform {
                        "the device is healthy; an earlier kernel may have faulted");
   }
 
+  /// Which stream a call's cudaStream_t names, as a key two ranks of one process share exactly when they share the
+  /// stream: the legacy default stream (nullptr, cudaStreamLegacy) is one per device; the per-thread default stream
+  /// is each thread's own (0: never shared); any other handle is itself.
+  [[nodiscard]] std::uintptr_t stream_key(cudaStream_t stream) const {
+    if (stream == nullptr || stream == cudaStreamLegacy) return (static_cast<std::uintptr_t>(device_) << 1) | 1u;
+    if (stream == cudaStreamPerThread) return 0;
+    return reinterpret_cast<std::uintptr_t>(stream);
+  }
+
   [[nodiscard]] int device() const { return device_; }
   [[nodiscard]] int sm_count() const { return sm_count_; }
   [[nodiscard]] int arch() const { return arch_; }

@@ -2,8 +2,10 @@
 // fiar/platform/host.hpp — HostPlatform: the ranks of a group are threads of one process, or processes of one machine,
 // and their "GPU memory" is host memory (POSIX shared memory across processes); operations run on the host emulator
 // (exec/host.hpp).
-// Contract: every operation runs unchanged on it (launch<Op>); calls are synchronous; it needs no GPU and no driver;
-// its collective setup steps fail on every rank alike (comm/agree.hpp).
+// Contract: every operation runs unchanged on it (launch<Op>); launches are synchronous, or (Options::asynchronous)
+// queued on their stream and run in order by the stream's worker as on a GPU (streams, events and captured sequences:
+// platform/host_stream.hpp); it needs no GPU and no driver; its collective setup steps fail on every rank alike
+// (comm/agree.hpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,6 +33,7 @@
 #include "../exec/host.hpp"
 #include "../exec/operation.hpp"
 #include "../runtime/posix.hpp"
+#include "host_stream.hpp"
 #include "region.hpp"
 
 FIAR_BEGIN_NAMESPACE
@@ -45,6 +48,16 @@ struct HostPlatformOptions {
   /// Whether the emulated machine has NVLink multicast. false: allocate_multicast fails as it does on a
   /// machine without NVSwitch multicast (fiar::multicast_error on every rank), to exercise the fallback.
   bool multicast = true;
+  /// GPU stream semantics: a launch is queued on its stream and returns at once; each stream (nullptr: the platform's
+  /// own; others from create_stream) runs its launches in order on a worker of its own; synchronize() waits for the
+  /// platform's streams. false: every launch has finished when it returns.
+  bool asynchronous = false;
+  /// Counts every kernel access per memory space (access_counts()); slows the emulator down.
+  bool count_accesses = false;
+  /// Test hook: called by every lane at the start of every launch of this platform, before the kernel (to make a rank
+  /// slow, or some of its lanes); null: nothing.
+  void (*lane_start)(void* arg, int block, int lane) = nullptr;
+  void* lane_start_arg = nullptr;
 };
 
 /// Runs fiar's kernels on the CPU, with the ranks as threads of this process (see docs/design.md).
@@ -53,14 +66,23 @@ class HostPlatform {
   using Options = HostPlatformOptions;
 
   static constexpr const char* name = "host";
-  static constexpr bool synchronous = true;  ///< launches return when the kernel has finished
+  /// Launches may return finished (always, unless Options::asynchronous): the workspace reads the error record right
+  /// after each launch.
+  static constexpr bool synchronous = true;
 
   /// A bad grid is reported by the first collective (allocate_shared) on every rank alike, so that one
   /// rank's mistake cannot leave its peers waiting.
   explicit HostPlatform(const Options& options = {}) : options_(options) {
-    init_ = detail::attempt(
-        [&] { grid_ = std::make_unique<exec::HostGrid>(options.blocks, options.lanes, options.cluster); });
+    if (options.count_accesses) counter_ = std::make_unique<exec::AccessCounter>();
+    init_ = detail::attempt([&] {
+      grid_ = std::make_unique<exec::HostGrid>(options.blocks, options.lanes, options.cluster, counter_.get());
+    });
+    if (options.asynchronous) own_stream_ = std::make_shared<HostStream>();
   }
+  HostPlatform(HostPlatform&&) noexcept = default;
+  HostPlatform& operator=(HostPlatform&&) noexcept = default;
+  /// Lets every queued launch finish first (the memory they use is this platform's).
+  ~HostPlatform() { drain(); }
 
   /// Collective: allocates `bytes` of rank-visible memory per rank (zero-filled) and returns, in rank
   /// order, where each rank's block is seen from this rank. The ranks may be threads of one process (plain host
@@ -80,7 +102,7 @@ class HostPlatform {
       }
       one_process = one_process && processes[r] == processes[0];
     }
-    if (!one_process) return allocate_across_processes(boot, bytes);
+    if (!one_process) return register_peers(boot, allocate_across_processes(boot, bytes), bytes);
     std::shared_ptr<std::uint32_t> mine(allocate_words(bytes).release(), FreeDeleter{});
     const auto key = reinterpret_cast<std::uintptr_t>(mine.get());
     {
@@ -101,7 +123,7 @@ class HostPlatform {
       std::lock_guard lock(registry_mutex());
       registry().erase(key);
     }
-    return peers;
+    return register_peers(boot, std::move(peers), bytes);
   }
 
   /// Whether the last allocate_shared mapped POSIX shared memory (its ranks run in more than one process).
@@ -142,12 +164,11 @@ class HostPlatform {
 
   /// Memory only this rank's kernels use (protocol state, sum buffers), zero-filled.
   void* allocate_local(std::size_t bytes, const char* /*what*/ = "protocol state") {
-    locals_.push_back(allocate_words(bytes));
-    return locals_.back().get();
+    return allocate_counted(bytes, exec::Space::Device);
   }
 
   /// Memory the kernels write and the host reads without synchronizing (error records), zero-filled.
-  void* allocate_host_visible(std::size_t bytes) { return allocate_local(bytes); }
+  void* allocate_host_visible(std::size_t bytes) { return allocate_counted(bytes, exec::Space::HostVisible); }
 
   /// Fills this rank's own memory with a 32-bit pattern.
   void fill_words(std::uint32_t* p, std::size_t words, std::uint32_t value) {
@@ -162,21 +183,154 @@ class HostPlatform {
 
   /// Runs operation Op on the emulated grid (every lane of every block) and returns when all lanes have returned:
   /// a launch plus a stream synchronisation. The grid is the platform's (Options), whatever Op's CUDA shape is.
+  /// Options::asynchronous: the launch (its parameters copied) is queued on `stream` and this returns at once; while
+  /// the stream is being captured (begin_capture) it is recorded instead.
   template <exec::Operation Op>
-  void launch(const typename Op::Params& p, cudaStream_t = nullptr) {
+  void launch(const typename Op::Params& p, cudaStream_t stream = nullptr) {
     if (!grid_) throw std::logic_error(detail::moved_from_text("HostPlatform"));
-    grid_->run([&p](exec::HostCtx& ctx) { Op::run(ctx, p); });
+    if (!options_.asynchronous) return run_on<Op>(grid_.get(), options_, p);
+    // The task holds what it needs by value (the grid lives on the heap): a platform moved meanwhile stays valid.
+    std::function<void()> task = [grid = grid_.get(), options = options_, p] { run_on<Op>(grid, options, p); };
+    if (capturing_ && stream == capture_stream_) return capture_.tasks.push_back(std::move(task));
+    stream_of(stream)->submit(std::move(task));
   }
 
   /// The architecture this platform runs kernels for: 0, the host emulator follows the topology's.
   static constexpr int arch() { return 0; }
 
-  /// Launches are synchronous here.
-  void synchronize() {}
+  /// Waits for every launch queued on this platform's own stream and on the streams it launched on
+  /// (cudaDeviceSynchronize for this rank); nothing to wait for when launches are synchronous. Not allowed while
+  /// capturing.
+  void synchronize() {
+    refuse_while_capturing("synchronize");
+    drain();
+    rethrow(own_stream_);
+    std::lock_guard lock(*used_mutex_);
+    for (auto& u : used_) rethrow(u);
+  }
+
+  /// Options::asynchronous: waits for what is queued on `stream` so far (cudaStreamSynchronize).
+  void synchronize(cudaStream_t stream) {
+    refuse_while_capturing("synchronize");
+    if (!options_.asynchronous) return;
+    auto s = stream_of(stream);
+    s->synchronize();
+    rethrow(s);
+  }
+  /// Whether launches queue (Options::asynchronous).
+  [[nodiscard]] bool asynchronous() const { return options_.asynchronous; }
+
+  /// A new emulated stream (cudaStreamCreate), shared by every platform of the process that launches on it; release it
+  /// with destroy_stream.
+  static cudaStream_t create_stream() { return HostStreams::create(); }
+  static void destroy_stream(cudaStream_t stream) { HostStreams::destroy(stream); }
+  /// cudaEventRecord: a point in `stream` after everything queued on it so far.
+  HostEvent record_event(cudaStream_t stream = nullptr) {
+    if (!options_.asynchronous) return HostEvent{};
+    auto s = stream_of(stream);
+    return HostEvent{s, s->submitted()};
+  }
+  /// cudaStreamWaitEvent: what is queued on `stream` after this waits for `event`.
+  void wait_event(cudaStream_t stream, const HostEvent& event) {
+    if (options_.asynchronous) stream_of(stream)->submit([event] { event.synchronize(); });
+  }
+
+  /// Stream capture (cudaStreamBeginCapture on one stream): until end_capture, launches on `stream` are recorded, not
+  /// run, and synchronize() and allocations throw std::logic_error (what a CUDA capture forbids). Asynchronous only.
+  void begin_capture(cudaStream_t stream = nullptr) {
+    if (!options_.asynchronous || capturing_) {
+      throw std::logic_error(
+          "fiar: HostPlatform::begin_capture needs HostPlatformOptions::asynchronous and no capture "
+          "under way. Fix: set asynchronous = true and end the running capture first.");
+    }
+    capturing_ = true;
+    capture_stream_ = stream;
+    capture_ = {};
+  }
+  /// Ends the capture: the launches recorded, as a sequence replay() runs.
+  HostGraph end_capture() {
+    capturing_ = false;
+    return std::exchange(capture_, HostGraph{});
+  }
+  /// cudaGraphLaunch: queues the recorded launches on `stream`, in order, with the parameters they were recorded with.
+  void replay(const HostGraph& graph, cudaStream_t stream = nullptr) {
+    auto s = stream_of(stream);
+    for (const auto& task : graph.tasks) s->submit(task);
+  }
+
+  /// Options::count_accesses: the kernels' memory accesses so far, per space (null when not counted).
+  [[nodiscard]] const exec::AccessCounter* access_counts() const { return counter_.get(); }
+
+  /// Which stream a call's cudaStream_t names, as a key that two ranks of one process share exactly when they share the
+  /// stream: nullptr is each platform's own stream; an emulator stream is itself.
+  [[nodiscard]] std::uintptr_t stream_key(cudaStream_t stream) const {
+    return stream == nullptr ? reinterpret_cast<std::uintptr_t>(this) | 1u : reinterpret_cast<std::uintptr_t>(stream);
+  }
 
   [[nodiscard]] const exec::HostGrid& grid() const { return *grid_; }
 
  private:
+  template <exec::Operation Op>
+  static void run_on(exec::HostGrid* grid, const Options& options, const typename Op::Params& p) {
+    // One reference captured: the std::function the grid takes keeps it inline (a warm call allocates nothing).
+    const struct {
+      const typename Op::Params& params;
+      const Options& options;
+    } launch{p, options};
+    grid->run([&launch](exec::HostCtx& ctx) {
+      if (launch.options.lane_start != nullptr)
+        launch.options.lane_start(launch.options.lane_start_arg, ctx.block(), ctx.lane());
+      Op::run(ctx, launch.params);
+    });
+  }
+
+  // The stream a launch names (asynchronous mode): nullptr is the platform's own; every stream used is remembered,
+  // so that synchronize() and the destructor wait for it.
+  std::shared_ptr<HostStream> stream_of(cudaStream_t stream) {
+    if (!own_stream_) own_stream_ = std::make_shared<HostStream>();
+    if (stream == nullptr) return own_stream_;
+    auto s = HostStreams::find(stream);
+    std::lock_guard lock(*used_mutex_);
+    bool known = false;
+    for (auto& u : used_) known = known || u == s;
+    if (!known) used_.push_back(s);
+    return s;
+  }
+  void drain() {
+    if (own_stream_) own_stream_->synchronize();
+    if (!used_mutex_) return;  // moved from
+    std::lock_guard lock(*used_mutex_);
+    for (auto& u : used_) u->synchronize();
+  }
+  // What a launch queued on `s` threw (a kernel's host-side failure), thrown here, once.
+  static void rethrow(const std::shared_ptr<HostStream>& s) {
+    if (!s) return;
+    if (auto e = s->take_error()) std::rethrow_exception(e);
+  }
+  void refuse_while_capturing(const char* what) const {
+    if (capturing_) {
+      throw std::logic_error(std::string("fiar: HostPlatform::") + what +
+                             " during a stream capture: a captured call must not synchronize or allocate (a CUDA "
+                             "capture fails the same way). Fix: do it before begin_capture or after end_capture.");
+    }
+  }
+  void* allocate_counted(std::size_t bytes, exec::Space space) {
+    refuse_while_capturing("allocation");
+    locals_.push_back(allocate_words(bytes));
+    if (counter_) counter_->add_range(locals_.back().get(), bytes, space);
+    return locals_.back().get();
+  }
+  template <Bootstrap B>
+  std::vector<std::uint32_t*> register_peers(B& boot, std::vector<std::uint32_t*> peers, std::size_t bytes) {
+    if (counter_) {
+      for (std::size_t r = 0; r < peers.size(); ++r) {
+        counter_->add_range(peers[r], bytes,
+                            static_cast<int>(r) == boot.rank() ? exec::Space::Device : exec::Space::Peer);
+      }
+    }
+    return peers;
+  }
+
   struct FreeDeleter {
     void operator()(std::uint32_t* p) const { std::free(p); }
   };
@@ -261,7 +415,14 @@ class HostPlatform {
   }
 
   Options options_;
+  std::unique_ptr<exec::AccessCounter> counter_;  // before the grid, whose lanes hold it
   std::unique_ptr<exec::HostGrid> grid_;
+  std::shared_ptr<HostStream> own_stream_;  // asynchronous: the stream nullptr names
+  std::vector<std::shared_ptr<HostStream>> used_;
+  std::unique_ptr<std::mutex> used_mutex_ = std::make_unique<std::mutex>();
+  bool capturing_ = false;
+  cudaStream_t capture_stream_ = nullptr;
+  HostGraph capture_;
   std::vector<std::unique_ptr<std::vector<std::uint32_t*>>> members_;                      // emulated multicast groups
   std::unique_ptr<std::uint32_t> multicast_stores_ = std::make_unique<std::uint32_t>(0u);  // stable across moves
   detail::StepOutcome init_;  ///< the constructor's failure (a bad grid), raised by the first collective

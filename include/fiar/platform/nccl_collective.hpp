@@ -86,7 +86,7 @@ class NcclCollective {
   /// Where a call of `count` elements whose input a kernel writes first (the MoE finalize) should put it: the
   /// symmetric window when the call takes it, else `out`, else the sum buffer (the all-reduce then runs in place).
   template <ReduceType T>
-  T* staging(T* out, std::size_t count) const {
+  T* staging(T* out, [[maybe_unused]] std::size_t count) const {
 #if FIAR_HAS_NCCL
     if (symmetric_ && count * sizeof(T) <= symmetric_max_bytes_) return static_cast<T*>(window_.get());
 #endif
