@@ -36,18 +36,17 @@ constexpr fiar::HostPlatformOptions kAsync{.blocks = 4, .lanes = 4, .cluster = 2
 // Two lanes a rank: the drain's time is the waits', not the emulator's barriers on a loaded 2-core machine.
 constexpr fiar::HostPlatformOptions kAsyncSmall{.blocks = 2, .lanes = 1, .cluster = 1, .asynchronous = true};
 
-template <class P>
-using AsyncWorkspace = fiar::Workspace<P, float, fiar::HostPlatform>;
+using fiar_test::HostWorkspace;
 
 // run(ws) with rank `rank`'s workspace of a group of two: mnnvl for the in-switch reduction, else trtllm.
 template <class F>
 void with_workspace(Strategy s, fiar::InProcessBootstrap& boot, int rank, const fiar::WorkspaceConfig& cfg,
                     const fiar::HostPlatformOptions& options, F&& run) {
   if (s == Strategy::Multimem) {
-    AsyncWorkspace<fiar::MnnvlPolicy> ws(boot, fiar_test::one_node(2, rank), cfg, options);
+    HostWorkspace<float, fiar::MnnvlPolicy> ws(boot, fiar_test::one_node(2, rank), cfg, options);
     run(ws);
   } else {
-    AsyncWorkspace<fiar::TrtllmPolicy> ws(boot, fiar_test::one_node(2, rank), cfg, options);
+    HostWorkspace<float> ws(boot, fiar_test::one_node(2, rank), cfg, options);
     run(ws);
   }
 }
@@ -104,8 +103,8 @@ TEST_CASE("async: two ranks on one stream get an error naming it, not a hang", "
   std::vector<std::string> said(2);
   const auto t0 = Clock::now();
   auto errors = fiar_test::run_ranks(2, [&](int rank, fiar::InProcessBootstrap& boot) {
-    AsyncWorkspace<fiar::TrtllmPolicy> ws(boot, fiar_test::one_node(2, rank),
-                                          {.max_token_num = 1, .hidden_dim = kHidden, .timeout = 300ms}, kAsync);
+    HostWorkspace<float> ws(boot, fiar_test::one_node(2, rank),
+                            {.max_token_num = 1, .hidden_dim = kHidden, .timeout = 300ms}, kAsync);
     std::vector<float> in(kHidden, 1.0f), out(kHidden);
     if (rank == 1) boot.barrier();  // rank 0 claims the stream first
     said[at(rank)] = fiar_test::thrown<std::invalid_argument>(
@@ -131,8 +130,8 @@ TEST_CASE("async: a captured sequence replays exactly, and capturing a call neit
   const std::vector<int> tokens = {1, 3, 2};
   const std::vector<Strategy> strategies = {Strategy::OneShot, Strategy::TwoShot, Strategy::Auto};
   auto errors = fiar_test::run_ranks(kWorld, [&](int rank, fiar::InProcessBootstrap& boot) {
-    AsyncWorkspace<fiar::TrtllmPolicy> ws(boot, fiar_test::one_node(kWorld, rank),
-                                          {.max_token_num = 3, .hidden_dim = kHidden}, kAsync);
+    HostWorkspace<float> ws(boot, fiar_test::one_node(kWorld, rank), {.max_token_num = 3, .hidden_dim = kHidden},
+                            kAsync);
     const cudaStream_t stream = fiar::HostPlatform::create_stream();
     std::vector<std::vector<float>> in(tokens.size()), out(tokens.size());
     for (std::size_t c = 0; c < tokens.size(); ++c) {
@@ -178,8 +177,8 @@ TEST_CASE("async: check() reads the MoE index record while kernels write it", "[
   std::vector<std::string> reports;
   int rows = 0;
   auto errors = fiar_test::run_ranks(kWorld, [&](int rank, fiar::InProcessBootstrap& boot) {
-    fiar::Workspace<fiar::TrtllmPolicy, T, fiar::HostPlatform> ws(
-        boot, fiar_test::one_node(kWorld, rank), {.max_token_num = kTokens, .hidden_dim = kHidden}, kAsync);
+    HostWorkspace<T> ws(boot, fiar_test::one_node(kWorld, rank), {.max_token_num = kTokens, .hidden_dim = kHidden},
+                        kAsync);
     const auto m = fiar_test::moe_inputs<T>(kTokens, kHidden, rank, fiar_test::QuantOptions::moe(kTopK, false));
     std::vector<std::vector<int>> idx(kCalls, m.idx);
     std::vector<std::vector<T>> out(kCalls, std::vector<T>(kTokens * kHidden));
@@ -321,8 +320,8 @@ TEST_CASE("async: a user epilogue reading half its vectors leaves no slot of a s
       o.lane_start = slow_half;
       o.lane_start_arg = &slow;
     }
-    fiar::Workspace<fiar::TrtllmPolicy, float, fiar::HostPlatform> ws(
-        boot, fiar_test::one_node(2, rank), {.max_token_num = kTokens, .hidden_dim = kHidden, .timeout = 5s}, o);
+    HostWorkspace<float> ws(boot, fiar_test::one_node(2, rank),
+                            {.max_token_num = kTokens, .hidden_dim = kHidden, .timeout = 5s}, o);
     for (int c = 0; c < kCalls; ++c) {
       std::vector<std::vector<float>> all;
       for (int r = 0; r < 2; ++r) all.push_back(fiar_test::make_input<float>(kCount, r, c, false));
@@ -352,9 +351,8 @@ TEST_CASE("async: ranks whose calls differ raise mismatch_error within 100 ms, w
   std::vector<double> took(2);
   std::vector<std::string> said(2);
   auto errors = fiar_test::run_ranks(2, [&](int rank, fiar::InProcessBootstrap& boot) {
-    fiar::Workspace<fiar::TrtllmPolicy, float, fiar::HostPlatform> ws(
-        boot, fiar_test::one_node(2, rank), {.max_token_num = 4, .hidden_dim = kHidden, .timeout = 60s},
-        fiar_test::kSmallGrid);
+    HostWorkspace<float> ws(boot, fiar_test::one_node(2, rank),
+                            {.max_token_num = 4, .hidden_dim = kHidden, .timeout = 60s}, fiar_test::kSmallGrid);
     const int tokens = by_strategy ? 4 : 2 + 2 * rank;
     const Strategy s = by_strategy && rank == 1 ? Strategy::TwoShot : Strategy::OneShot;
     std::vector<float> in(4 * kHidden, 1.0f), out(4 * kHidden);

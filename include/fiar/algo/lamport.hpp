@@ -3,7 +3,8 @@
 // context and a transport, and the operations (LamportOneShot, LamportTwoShot) that launch them.
 // Contract: lamport_oneshot and lamport_twoshot run unchanged on the GPU (DeviceCtx) and in the host emulator
 // (HostCtx); every rank gets identical bits (fixed rank order, fp32); all state lives in the workspace, so the
-// kernels are CUDA-graph safe; every wait ends by the deadline. The transport only changes how a value reaches every
+// kernels are CUDA-graph safe; every wait ends by the deadline (a two-shot gather's a quarter of the timeout later),
+// and at once once the workspace has failed. The transport only changes how a value reaches every
 // rank: W unicast stores (trtllm) or one multicast store (mnnvl).
 #pragma once
 
@@ -135,10 +136,10 @@ using exec::Vec16;
 /// and a batch is reissued whole while any word still holds the sentinel.
 inline constexpr int kPollBatch = 8;
 
-/// Spins of a wait between two looks at the workspace's failure word, the clock and (when a peer is late) that peer's
-/// call digest: on the GPU the check costs a device-memory load, a clock read and a header load only every 32 spins
-/// (about 15-30 us of waiting), never a host-memory access. A context may set its own (Ctx::kSpinsPerCheck): the host
-/// emulator checks at every spin, since each of its spins yields the CPU (milliseconds on a loaded machine).
+/// Spins of a wait between two looks at the workspace's failure word and the clock (stop_waiting): on the GPU the
+/// check costs a device-memory load and a clock read only every 32 spins (about 15-30 us of waiting), never a
+/// host-memory access. A context may set its own (Ctx::kSpinsPerCheck): the host emulator checks at every spin, since
+/// each of its spins yields the CPU (milliseconds on a loaded machine).
 inline constexpr std::uint32_t kSpinsPerCheck = 32;
 template <class Ctx>
 FIAR_HD constexpr std::uint32_t spins_per_check() {
@@ -147,11 +148,6 @@ FIAR_HD constexpr std::uint32_t spins_per_check() {
   } else {
     return kSpinsPerCheck;
   }
-}
-
-// The call's digest as this rank sends it (its number, then what the engine set in the links).
-FIAR_HD inline Vec16 call_digest(const LamportLinks& p, std::uint32_t call) {
-  return Vec16{call & 0x7fffffffu, p.digest.num_tokens, p.digest.pattern, p.digest.strategy};
 }
 
 // Claims the workspace's first failure: true for the one lane (of any call and block) that sets the failure word
@@ -427,7 +423,7 @@ FIAR_HD inline CallFrame begin_call(Ctx& ctx, const LamportLinks& p) {
   const std::uint32_t call = head.x;
   const std::uint32_t buffer = head.y;
   const std::uint32_t prev = buffer == 0 ? kLamportBuffers - 1 : buffer - 1;
-  const Vec16 digest = call_digest(p, call);
+  const Vec16 digest{call & 0x7fffffffu, p.digest.num_tokens, p.digest.pattern, p.digest.strategy};
   const auto words = static_cast<std::uint32_t>(p.buffer_words);
   return CallFrame{deadline, call, buffer, buffer * words, prev * words, prev, digest};
 }

@@ -165,8 +165,8 @@ class HostCtx : public SystemAtomics {
     return cluster_reduce(max(x), [](float a, float b) { return a > b ? a : b; });
   }
 
-  /// A wait's checks (failure word, clock, late peer's digest: algo::kSpinsPerCheck) at every spin here: each spin
-  /// yields the CPU, which on a loaded machine costs milliseconds.
+  /// A wait's check (failure word and clock: algo::kSpinsPerCheck) at every spin here: each spin yields the CPU, which
+  /// on a loaded machine costs milliseconds.
   static constexpr std::uint32_t kSpinsPerCheck = 1;
 
   static std::uint64_t now_ns() {

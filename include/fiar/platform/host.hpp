@@ -77,7 +77,6 @@ class HostPlatform {
     init_ = detail::attempt([&] {
       grid_ = std::make_unique<exec::HostGrid>(options.blocks, options.lanes, options.cluster, counter_.get());
     });
-    if (options.asynchronous) own_stream_ = std::make_shared<HostStream>();
   }
   HostPlatform(HostPlatform&&) noexcept = default;
   HostPlatform& operator=(HostPlatform&&) noexcept = default;
@@ -204,9 +203,7 @@ class HostPlatform {
   void synchronize() {
     refuse_while_capturing("synchronize");
     drain();
-    rethrow(own_stream_);
-    std::lock_guard lock(*used_mutex_);
-    for (auto& u : used_) rethrow(u);
+    for_each_stream(rethrow);
   }
 
   /// Options::asynchronous: waits for what is queued on `stream` so far (cudaStreamSynchronize).
@@ -284,9 +281,10 @@ class HostPlatform {
     });
   }
 
-  // The stream a launch names (asynchronous mode): nullptr is the platform's own; every stream used is remembered,
-  // so that synchronize() and the destructor wait for it.
+  // The stream a launch names (asynchronous mode): nullptr is the platform's own (made at its first use); every stream
+  // used is remembered, so that synchronize() and the destructor wait for it.
   std::shared_ptr<HostStream> stream_of(cudaStream_t stream) {
+    if (!used_mutex_) throw std::logic_error(detail::moved_from_text("HostPlatform"));
     if (!own_stream_) own_stream_ = std::make_shared<HostStream>();
     if (stream == nullptr) return own_stream_;
     auto s = HostStreams::find(stream);
@@ -296,15 +294,19 @@ class HostPlatform {
     if (!known) used_.push_back(s);
     return s;
   }
-  void drain() {
-    if (own_stream_) own_stream_->synchronize();
+  // f(stream) for this platform's own stream and every stream it launched on (none once moved from).
+  template <class F>
+  void for_each_stream(F&& f) {
+    if (own_stream_) f(own_stream_);
     if (!used_mutex_) return;  // moved from
     std::lock_guard lock(*used_mutex_);
-    for (auto& u : used_) u->synchronize();
+    for (auto& u : used_) f(u);
+  }
+  void drain() {
+    for_each_stream([](const std::shared_ptr<HostStream>& s) { s->synchronize(); });
   }
   // What a launch queued on `s` threw (a kernel's host-side failure), thrown here, once.
   static void rethrow(const std::shared_ptr<HostStream>& s) {
-    if (!s) return;
     if (auto e = s->take_error()) std::rethrow_exception(e);
   }
   void refuse_while_capturing(const char* what) const {
